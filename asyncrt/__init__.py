@@ -1,0 +1,1 @@
+"""asyncrt: run computation graphs across several devices from async Python."""

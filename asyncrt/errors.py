@@ -1,0 +1,105 @@
+"""asyncrt's errors: one hierarchy rooted at :class:`AsyncrtError`.
+
+The device-level and planning errors are defined in the lower packages and
+re-exported here, so ``from asyncrt.errors import ...`` reaches every one.
+"""
+
+from __future__ import annotations
+
+from devices.errors import (
+    AllocationError,
+    AsyncrtError,
+    ClosedResourceError,
+    CopyError,
+    DeviceError,
+    DeviceNotFoundError,
+    DTypeError,
+    OutOfMemoryError,
+    StreamError,
+    StreamMismatchError,
+    UnsupportedOperationError,
+)
+from scheduler.errors import NodeFailedError, PlanError
+
+__all__ = (
+    "AllocationError",
+    "ArtifactError",
+    "AsyncrtError",
+    "ClosedResourceError",
+    "CopyError",
+    "DTypeError",
+    "DeviceError",
+    "DeviceNotFoundError",
+    "GraphError",
+    "InputError",
+    "KernelNotFoundError",
+    "NodeFailedError",
+    "OutOfMemoryError",
+    "ParamsError",
+    "PlanError",
+    "StreamError",
+    "StreamMismatchError",
+    "UnsupportedOperationError",
+)
+
+
+class GraphError(AsyncrtError, ValueError):
+    """Raised when a graph is malformed.
+
+    :ivar node: the offending node's name (or id), if one is to blame.
+    :ivar field: the JSON field that is wrong, such as ``"inputs"``.
+    :ivar source: the file the graph came from, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: str | None = None,
+        field: str | None = None,
+        source: str | None = None,
+    ) -> None:
+        self.node = node
+        self.field = field
+        self.source = source
+        where = []
+        if source is not None:
+            where.append(source)
+        if node is not None:
+            where.append(f"node {node!r}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        prefix = ": ".join([", ".join(where)]) + ": " if where else ""
+        super().__init__(prefix + message)
+
+
+class ParamsError(AsyncrtError, ValueError):
+    """Raised when a params blob is truncated, corrupt or implausible.
+
+    :ivar offset: the byte offset where decoding failed.
+    """
+
+    def __init__(self, message: str, *, offset: int) -> None:
+        self.offset = offset
+        super().__init__(f"params blob, byte offset {offset}: {message}")
+
+
+class ArtifactError(AsyncrtError, ValueError):
+    """Raised when an exported module file is malformed or tampered with.
+
+    :ivar path: the file.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}")
+
+
+class KernelNotFoundError(AsyncrtError, LookupError):
+    """Raised at build time when no kernel is registered for a node's
+    ``func_name`` on the device kind it was placed on."""
+
+
+class InputError(AsyncrtError, ValueError):
+    """Raised when an input given to an executor does not match the graph
+    (unknown name or index, wrong shape, dtype or device)."""

@@ -1,0 +1,1 @@
+"""scheduler: from a model DAG to an immutable Plan, and running it."""
