@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -30,7 +30,7 @@ DTYPES: tuple[str, ...] = (
 _TVM_RE = re.compile(r"^(int|uint|float|bool)(\d+)?(?:x(\d+))?$")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _parse(dtype: str) -> tuple[str, int, int]:
     match = _TVM_RE.match(dtype) if isinstance(dtype, str) else None
     if match is None:
@@ -38,8 +38,12 @@ def _parse(dtype: str) -> tuple[str, int, int]:
     code, bits_text, lanes_text = match.groups()
     bits = int(bits_text) if bits_text else (1 if code == "bool" else 0)
     lanes = int(lanes_text) if lanes_text else 1
-    valid_bits = {"int": (8, 16, 32, 64), "uint": (1, 8, 16, 32, 64),
-                  "float": (16, 32, 64), "bool": (1, 8)}[code]
+    valid_bits = {
+        "int": (8, 16, 32, 64),
+        "uint": (1, 8, 16, 32, 64),
+        "float": (16, 32, 64),
+        "bool": (1, 8),
+    }[code]
     if bits not in valid_bits or lanes < 1:
         raise DTypeError(f"unknown dtype {dtype!r}; expected one of {DTYPES}")
     return code, bits, lanes
@@ -54,7 +58,7 @@ def dtype_nbytes(dtype: str) -> int:
     return (bits * lanes + 7) // 8
 
 
-@lru_cache(maxsize=None)
+@cache
 def numpy_dtype(dtype: str | np.dtype[np.generic]) -> np.dtype[np.generic]:
     """The numpy dtype for a TVM dtype string (or a numpy dtype, checked).
 

@@ -50,7 +50,7 @@ class Entry(NamedTuple):
     """One output of one node: TVM's ``[nid, index]`` (version dropped)."""
 
     nid: int
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index, as TVM names it
 
 
 @dataclass(frozen=True)
@@ -173,9 +173,7 @@ def make_dag(nodes: Iterable[NodeSpec], graph: GraphSpec) -> nx.DiGraph:
     for nid, spec in enumerate(specs):
         uses: dict[int, list[EdgeUse]] = {}
         for position, (src, index) in enumerate(spec.inputs):
-            if not 0 <= src < len(specs) or not 0 <= index < len(
-                specs[src].outputs
-            ):
+            if not 0 <= src < len(specs) or not 0 <= index < len(specs[src].outputs):
                 raise ValueError(
                     f"node {spec.name!r} input {position} refers to missing "
                     f"entry ({src}, {index})"

@@ -1,0 +1,430 @@
+"""The DeviceAPI contract: what every backend can do.
+
+:class:`DeviceAPI` is TVM's ``DeviceAPI`` in Python: one object per device
+*kind*, its methods take the :class:`~devices.Device` they act on. The
+public methods check their arguments, keep the books (bytes in use, open
+streams) and turn backend failures into :mod:`devices.errors`; a backend
+overrides only the private primitives (``_alloc``, ``_copy_within``, ...), as
+tinygrad's allocators do.
+
+Copies follow TVM's ``CopyDataFromTo``: any two buffers, of the same kind or
+not. Same-kind copies (also ``sim:0 -> sim:1``) use the backend's own path;
+a copy between a device and the host (``cpu``) uses the device's path; any
+other pair is staged through host memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ._device import Device
+from ._stream import Stream
+from .errors import (
+    AllocationError,
+    ClosedResourceError,
+    CopyError,
+    DeviceError,
+    DeviceNotFoundError,
+    OutOfMemoryError,
+    StreamMismatchError,
+    UnsupportedOperationError,
+)
+
+__all__ = ("MAX_ALLOCATION", "Buffer", "DeviceAPI")
+
+#: No single allocation may exceed this (1 TiB): larger requests are bugs or
+#: hostile input, and are refused before any backend is asked.
+MAX_ALLOCATION = 1 << 40
+
+#: Attributes every backend answers (TVM's DeviceAttrKind, by name).
+STANDARD_ATTRIBUTES: tuple[str, ...] = (
+    "exist",
+    "device_name",
+    "max_threads_per_block",
+    "warp_size",
+    "compute_version",
+    "multi_processor_count",
+    "max_clock_rate",
+    "total_global_memory",
+    "available_global_memory",
+    "api_version",
+    "driver_version",
+    "flops",
+    "host_bandwidth",
+    "host_latency",
+)
+
+
+class Buffer:
+    """A block of device memory: TVM's data space.
+
+    The memory is opaque to the host: reach it through copies or
+    :class:`~devices.NDArray` views. Free it with :meth:`DeviceAPI.free`
+    (or let it be garbage-collected, which returns it as well).
+
+    :ivar device: where the memory lives.
+    :ivar nbytes: its size.
+    """
+
+    __slots__ = ("__weakref__", "_api", "_raw", "device", "nbytes")
+
+    def __init__(self, api: DeviceAPI, device: Device, nbytes: int, raw: Any) -> None:
+        self._api = api
+        self.device = device
+        self.nbytes = nbytes
+        self._raw = raw
+
+    def __repr__(self) -> str:
+        state = "" if self._raw is not None else " freed"
+        return f"<Buffer {self.nbytes} bytes on {self.device}{state}>"
+
+    @property
+    def freed(self) -> bool:
+        """Whether the buffer was freed."""
+        return self._raw is None
+
+    @property
+    def raw(self) -> Any:
+        """The backend's own handle (a numpy or cupy byte array).
+
+        :raises ClosedResourceError: if the buffer was freed.
+        """
+        raw = self._raw
+        if raw is None:
+            raise ClosedResourceError(f"{self!r} is used after free")
+        return raw
+
+
+class DeviceAPI:
+    """The operations of one device kind (TVM's ``DeviceAPI``).
+
+    Subclasses set :attr:`kind` and override the private primitives. Find an
+    instance with :func:`devices.get_api`.
+    """
+
+    kind: ClassVar[str] = ""
+    #: The DLPack device-type code of this kind's memory, if it has one the
+    #: host can hand to other libraries (cpu: 1, cuda: 2); ``None`` otherwise.
+    dlpack_device_type: ClassVar[int | None] = None
+    #: Whether kernels on this kind receive numpy arrays (cpu, sim) rather
+    #: than another array library's (cupy on cuda).
+    host_arrays: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._used: dict[int, int] = {}
+        self._streams: dict[int, set[Stream]] = {}
+        self._workspace_free: dict[tuple[int, int], list[Buffer]] = {}
+
+    # -- attributes --------------------------------------------------------
+
+    def exists(self, device: Device) -> bool:
+        """Whether ``device`` is present."""
+        return device.kind == self.kind and 0 <= device.index < self.device_count()
+
+    def device_count(self) -> int:
+        """How many devices of this kind are present."""
+        return 1
+
+    def get_attr(self, device: Device, name: str) -> Any:
+        """Query one attribute (TVM's ``GetAttr``), by name.
+
+        Names: ``exist``, ``device_name``, ``max_threads_per_block``,
+        ``warp_size``, ``compute_version``, ``multi_processor_count``,
+        ``max_clock_rate``, ``total_global_memory``,
+        ``available_global_memory``, ``api_version``, ``driver_version``, and
+        for cost models ``flops`` (peak float32 FLOP/s), ``host_bandwidth``
+        (bytes/s to and from the host) and ``host_latency`` (s).
+
+        :raises DeviceNotFoundError: if the device is not present (except for
+            ``exist``, which then answers False).
+        :raises UnsupportedOperationError: if this backend cannot tell.
+        """
+        if name == "exist":
+            return self.exists(device)
+        self._check_device(device)
+        attributes = self._attributes(device)
+        if name not in attributes:
+            known = ", ".join(sorted(attributes)) or "none"
+            raise UnsupportedOperationError(
+                f"{device} cannot report attribute {name!r}; it reports: {known}"
+            )
+        return attributes[name]
+
+    def attributes(self, device: Device) -> dict[str, Any]:
+        """Every attribute this backend can report for ``device``."""
+        self._check_device(device)
+        return {"exist": True, **self._attributes(device)}
+
+    def used_bytes(self, device: Device) -> int:
+        """Bytes currently allocated on ``device`` through this API."""
+        return self._used.get(device.index, 0)
+
+    # -- memory ------------------------------------------------------------
+
+    def alloc(self, device: Device, nbytes: int) -> Buffer:
+        """Allocate ``nbytes`` of data space on ``device`` (TVM's
+        ``AllocDataSpace``). Zero bytes is allowed.
+
+        :raises AllocationError: if ``nbytes`` is negative, not an int, or
+            absurd (over 1 TiB).
+        :raises OutOfMemoryError: if the device has no room.
+        """
+        self._check_device(device)
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+            raise AllocationError(f"allocation size must be an int, got {nbytes!r}")
+        nbytes = int(nbytes)
+        if nbytes < 0:
+            raise AllocationError(f"cannot allocate {nbytes} bytes on {device}")
+        if nbytes > MAX_ALLOCATION:
+            raise AllocationError(
+                f"refusing to allocate {nbytes} bytes on {device} "
+                f"(over the {MAX_ALLOCATION}-byte limit)"
+            )
+        try:
+            raw = self._alloc(device, nbytes)
+        except OutOfMemoryError:
+            raise
+        except MemoryError as exc:
+            raise OutOfMemoryError(
+                str(device), nbytes, self._free_bytes(device)
+            ) from exc
+        buffer = Buffer(self, device, nbytes, raw)
+        with self._lock:
+            self._used[device.index] = self._used.get(device.index, 0) + nbytes
+        return buffer
+
+    def free(self, buffer: Buffer) -> None:
+        """Release a buffer (TVM's ``FreeDataSpace``). Idempotent."""
+        raw = buffer._raw
+        if raw is None:
+            return
+        buffer._raw = None
+        with self._lock:
+            self._used[buffer.device.index] -= buffer.nbytes
+        self._free(buffer.device, raw)
+
+    def alloc_workspace(self, device: Device, nbytes: int) -> Buffer:
+        """Scratch memory for a kernel (TVM's ``AllocWorkspace``).
+
+        Workspace buffers are pooled per size class (powers of two), so a
+        kernel that asks for scratch on every call reuses the same memory.
+        """
+        size_class = max(64, 1 << max(0, int(nbytes) - 1).bit_length())
+        if nbytes < 0:
+            raise AllocationError(f"cannot allocate {nbytes} bytes of workspace")
+        with self._lock:
+            pool = self._workspace_free.get((device.index, size_class))
+            if pool:
+                return pool.pop()
+        return self.alloc(device, size_class)
+
+    def free_workspace(self, buffer: Buffer) -> None:
+        """Return workspace from :meth:`alloc_workspace` to the pool."""
+        with self._lock:
+            key = (buffer.device.index, buffer.nbytes)
+            self._workspace_free.setdefault(key, []).append(buffer)
+
+    # -- copies ------------------------------------------------------------
+
+    def copy_data_from_to(
+        self,
+        src: Buffer,
+        src_offset: int,
+        dst: Buffer,
+        dst_offset: int,
+        nbytes: int,
+        stream: Stream | None = None,
+    ) -> None:
+        """Copy ``nbytes`` between two buffers (TVM's ``CopyDataFromTo``).
+
+        With ``stream``, the copy is queued on it and this returns at once;
+        the stream must belong to ``src``'s or ``dst``'s device. Without, the
+        copy runs now on the calling thread (the caller orders it against
+        streams, e.g. by synchronizing first).
+
+        :raises CopyError: if offsets or sizes fall outside either buffer.
+        :raises StreamMismatchError: if ``stream`` belongs to another device.
+        :raises ClosedResourceError: if a buffer was freed or the stream closed.
+        """
+        for name, buf, offset in (
+            ("source", src, src_offset),
+            ("destination", dst, dst_offset),
+        ):
+            buf.raw  # noqa: B018 - raises if freed
+            if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes:
+                raise CopyError(
+                    f"copy of {nbytes} bytes at {name} offset {offset} does not fit "
+                    f"the {buf.nbytes}-byte {name} buffer on {buf.device}"
+                )
+        copy = _copy_function(src, src_offset, dst, dst_offset, nbytes)
+        if stream is None:
+            copy()
+            return
+        if stream.device not in (src.device, dst.device):
+            raise StreamMismatchError(
+                f"copy {src.device} -> {dst.device} cannot run on stream "
+                f"{stream.label} of {stream.device}"
+            )
+        stream.launch(copy, (), work=0.0)
+
+    # -- streams -----------------------------------------------------------
+
+    def create_stream(self, device: Device) -> Stream:
+        """Make a new stream on ``device`` (TVM's ``CreateStream``)."""
+        self._check_device(device)
+        stream = self._create_stream(device)
+        with self._lock:
+            self._streams.setdefault(device.index, set()).add(stream)
+        return stream
+
+    def free_stream(self, stream: Stream) -> None:
+        """Finish a stream's work and release its thread (``FreeStream``)."""
+        self._check_stream(stream.device, stream)
+        with self._lock:
+            self._streams.get(stream.device.index, set()).discard(stream)
+        stream.close()
+
+    def stream_sync(self, device: Device, stream: Stream) -> None:
+        """Block until all work on ``stream`` is done (``StreamSync``).
+
+        :raises StreamMismatchError: if the stream belongs to another device.
+        """
+        self._check_stream(device, stream)
+        stream.synchronize()
+
+    def sync_stream_from_to(
+        self, device: Device, event_src: Stream, event_dst: Stream
+    ) -> None:
+        """Order ``event_dst``'s later work after ``event_src``'s work so far
+        (``SyncStreamFromTo``): an event recorded on one, waited on by the
+        other, device-side.
+
+        :raises StreamMismatchError: if either stream belongs to another
+            device.
+        """
+        self._check_stream(device, event_src)
+        self._check_stream(device, event_dst)
+        event_dst.wait_event(event_src.record())
+
+    @contextmanager
+    def stream(self, device: Device) -> Iterator[Stream]:
+        """A stream for the duration of a ``with`` block."""
+        stream = self.create_stream(device)
+        try:
+            yield stream
+        finally:
+            self.free_stream(stream)
+
+    def close(self, device: Device) -> None:
+        """Close every stream made on ``device`` and drop its workspace pool."""
+        with self._lock:
+            streams = self._streams.pop(device.index, set())
+            pools = [key for key in self._workspace_free if key[0] == device.index]
+            workspace = [b for key in pools for b in self._workspace_free.pop(key)]
+        for stream in streams:
+            stream.close()
+        for buffer in workspace:
+            self.free(buffer)
+
+    # -- views for kernels ---------------------------------------------------
+
+    def view(
+        self, buffer: Buffer, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> Any:
+        """The backend array (numpy on cpu and sim, cupy on cuda) that views
+        ``buffer`` at ``offset``: what kernels receive. Sizes must be checked
+        by the caller (:class:`~devices.NDArray` does)."""
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        flat = buffer.raw[offset : offset + count * dtype.itemsize]
+        return flat.view(dtype).reshape(shape)
+
+    # -- primitives a backend overrides --------------------------------------
+
+    def _attributes(self, device: Device) -> dict[str, Any]:
+        return {}
+
+    def _free_bytes(self, device: Device) -> int | None:
+        return None
+
+    def _alloc(self, device: Device, nbytes: int) -> Any:
+        raise NotImplementedError
+
+    def _free(self, device: Device, raw: Any) -> None:
+        """Release backend memory; garbage collection does it by default."""
+
+    def _create_stream(self, device: Device) -> Stream:
+        return Stream(device)
+
+    def _copy_within(
+        self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, nbytes: int
+    ) -> None:
+        """Copy between two buffers of this kind (maybe different indices)."""
+        raise NotImplementedError
+
+    def _copy_to_host(
+        self, src: Buffer, src_offset: int, dst: np.ndarray[Any, Any]
+    ) -> None:
+        """Copy ``dst.nbytes`` bytes from device memory into a host byte array."""
+        raise NotImplementedError
+
+    def _copy_from_host(
+        self, src: np.ndarray[Any, Any], dst: Buffer, dst_offset: int
+    ) -> None:
+        """Copy a host byte array into device memory."""
+        raise NotImplementedError
+
+    # -- checks --------------------------------------------------------------
+
+    def _check_device(self, device: Device) -> None:
+        if device.kind != self.kind:
+            raise DeviceNotFoundError(f"{device} is not a {self.kind!r} device")
+        if not self.exists(device):
+            raise DeviceNotFoundError(
+                f"{device} does not exist ({self.device_count()} {self.kind} "
+                f"device(s) present)"
+            )
+
+    def _check_stream(self, device: Device, stream: Stream) -> None:
+        if stream.device != device:
+            raise StreamMismatchError(
+                f"stream {stream.label} belongs to {stream.device}, not {device}"
+            )
+        if stream.closed:
+            raise ClosedResourceError(f"stream {stream.label} is closed")
+
+
+def _copy_function(
+    src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, nbytes: int
+) -> Callable[[], None]:
+    """Choose the path of one copy: within a kind, to/from the host, or
+    staged through a host bounce buffer."""
+    src_api, dst_api = src._api, dst._api
+    if src_api is dst_api:
+        return lambda: src_api._copy_within(src, src_offset, dst, dst_offset, nbytes)
+    if dst_api.kind == "cpu":
+        return lambda: src_api._copy_to_host(
+            src, src_offset, dst.raw[dst_offset : dst_offset + nbytes]
+        )
+    if src_api.kind == "cpu":
+        return lambda: dst_api._copy_from_host(
+            src.raw[src_offset : src_offset + nbytes], dst, dst_offset
+        )
+
+    def staged() -> None:
+        bounce = np.empty(nbytes, dtype=np.uint8)
+        src_api._copy_to_host(src, src_offset, bounce)
+        dst_api._copy_from_host(bounce, dst, dst_offset)
+
+    return staged
+
+
+def check_same_device(what: str, expected: Device, actual: Device) -> None:
+    """Raise :class:`DeviceError` if ``actual`` is not ``expected``."""
+    if expected != actual:
+        raise DeviceError(f"{what} is on {actual}, expected {expected}")

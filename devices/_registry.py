@@ -1,0 +1,96 @@
+"""The backend registry: device kinds by name, loaded on first use.
+
+As TVM registers ``device_api.<kind>``, a backend is one module that calls
+:func:`register` at import time. The built-in kinds load lazily, so a
+numpy-only install never imports cupy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+
+from ._api import DeviceAPI
+from ._device import Device
+from .errors import DeviceNotFoundError
+
+__all__ = ("get_api", "list_devices", "register", "registered_kinds")
+
+_BUILTIN_MODULES = {"cpu": "devices.cpu", "sim": "devices.sim", "cuda": "devices.cuda"}
+_factories: dict[str, Callable[[], DeviceAPI]] = {}
+_apis: dict[str, DeviceAPI] = {}
+_lock = threading.RLock()
+
+
+def register(
+    kind: str, factory: Callable[[], DeviceAPI], *, override: bool = False
+) -> None:
+    """Register the API of a device kind.
+
+    :param kind: the kind's name, as in ``"kind:0"``.
+    :param factory: makes the kind's :class:`DeviceAPI` on first use (a
+        DeviceAPI subclass works).
+    :param override: replace an existing registration (tests, plug-ins).
+    :raises ValueError: if ``kind`` is taken and ``override`` is false.
+    """
+    Device(kind)  # validates the name
+    with _lock:
+        if kind in _factories and not override:
+            raise ValueError(f"device kind {kind!r} is already registered")
+        _factories[kind] = factory
+        _apis.pop(kind, None)
+
+
+def unregister(kind: str) -> None:
+    """Remove a kind registered with :func:`register` (for tests)."""
+    with _lock:
+        _factories.pop(kind, None)
+        _apis.pop(kind, None)
+
+
+def get_api(kind: str | Device) -> DeviceAPI:
+    """The :class:`DeviceAPI` of a kind (or of a device's kind).
+
+    :raises DeviceNotFoundError: if no backend provides that kind, or its
+        backend cannot load here (e.g. cuda without cupy).
+    """
+    name = kind.kind if isinstance(kind, Device) else kind
+    api = _apis.get(name)
+    if api is not None:
+        return api
+    with _lock:
+        if name not in _factories and name in _BUILTIN_MODULES:
+            try:
+                importlib.import_module(_BUILTIN_MODULES[name])
+            except ImportError as exc:
+                raise DeviceNotFoundError(
+                    f"device kind {name!r} is not available here: {exc}"
+                ) from exc
+        factory = _factories.get(name)
+        if factory is None:
+            known = ", ".join(sorted({*_factories, *_BUILTIN_MODULES}))
+            raise DeviceNotFoundError(
+                f"unknown device kind {name!r}; known kinds: {known}"
+            )
+        api = _apis.get(name)
+        if api is None:
+            api = _apis[name] = factory()
+        return api
+
+
+def registered_kinds() -> tuple[str, ...]:
+    """The kinds that can be asked for (built-in ones included)."""
+    return tuple(sorted({*_factories, *_BUILTIN_MODULES}))
+
+
+def list_devices() -> list[Device]:
+    """Every device present, across all kinds that load here."""
+    found: list[Device] = []
+    for kind in registered_kinds():
+        try:
+            api = get_api(kind)
+        except DeviceNotFoundError:
+            continue
+        found.extend(Device(kind, i) for i in range(api.device_count()))
+    return found

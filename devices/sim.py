@@ -1,0 +1,248 @@
+"""The ``sim`` backend: a simulated accelerator.
+
+It exists so that every heterogeneous code path runs, and is tested, on a
+machine without a GPU. Each ``sim:N`` has
+
+* its own address space: a buffer is a :class:`SimAllocation` (an address and
+  a size), not a host array; the host reaches its bytes only by copying, and
+  kernels see them only while they run on one of the device's streams;
+* a memory capacity, enforced (``OutOfMemoryError`` when exceeded);
+* its own streams (worker threads);
+* a timing model that really takes time: a call that says it does ``work``
+  floating-point operations lasts at least ``launch_overhead + work / flops``
+  seconds, and a copy lasts at least ``latency + nbytes / bandwidth``. Work
+  runs on the host, then the stream sleeps away the rest of the modelled
+  time, so a simulated device that is "busy" costs no host CPU and several
+  of them overlap like separate chips. The model is exact by construction,
+  which makes it the reference for the scheduler's cost model.
+
+Configure the devices before use with :func:`configure`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._api import Buffer, DeviceAPI
+from ._device import Device
+from ._registry import get_api, register
+from ._stream import Stream
+from .errors import AllocationError, OutOfMemoryError
+
+__all__ = ("SimAllocation", "SimConfig", "SimDeviceAPI", "configure")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The speed and size of one simulated device.
+
+    :ivar flops: compute speed in floating-point operations per second.
+    :ivar bandwidth: link bandwidth to the host and to other sim devices,
+        bytes per second.
+    :ivar latency: fixed cost of each copy, seconds.
+    :ivar launch_overhead: fixed cost of each call, seconds.
+    :ivar memory: capacity in bytes.
+    """
+
+    flops: float = 50e9
+    bandwidth: float = 8e9
+    latency: float = 20e-6
+    launch_overhead: float = 0.0
+    memory: int = 4 << 30
+
+    def __post_init__(self) -> None:
+        for name in ("flops", "bandwidth"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SimConfig.{name} must be > 0")
+        for name in ("latency", "launch_overhead"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"SimConfig.{name} must be >= 0")
+        if self.memory < 0:
+            raise ValueError("SimConfig.memory must be >= 0")
+
+    def compute_seconds(self, work: float) -> float:
+        """Modelled duration of a call doing ``work`` FLOPs."""
+        return self.launch_overhead + work / self.flops
+
+    def copy_seconds(self, nbytes: int) -> float:
+        """Modelled duration of a copy of ``nbytes`` over this device's link."""
+        return self.latency + nbytes / self.bandwidth
+
+
+_DEFAULT = SimConfig()
+
+
+class SimAllocation:
+    """Memory in a sim device's address space (opaque to the host)."""
+
+    __slots__ = ("_data", "address", "nbytes")
+
+    def __init__(self, address: int, data: np.ndarray[Any, Any]) -> None:
+        self.address = address
+        self.nbytes = data.nbytes
+        self._data = data
+
+    def __repr__(self) -> str:
+        return f"<SimAllocation 0x{self.address:x} ({self.nbytes} bytes)>"
+
+
+class SimStream(Stream):
+    """A sim stream: each call lasts at least its modelled duration."""
+
+    def __init__(self, device: Device, config: SimConfig) -> None:
+        self._config = config
+        super().__init__(device)
+
+    def _execute(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], work: float
+    ) -> None:
+        start = time.perf_counter()
+        fn(*args)
+        if work:
+            _sleep_until(start + self._config.compute_seconds(work))
+
+    def _execute_many(
+        self, calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...], float]]
+    ) -> None:
+        execute = self._execute
+        for fn, args, work in calls:
+            execute(fn, args, work)
+
+
+class SimDeviceAPI(DeviceAPI):
+    """Simulated accelerators ``sim:0`` .. ``sim:N-1``."""
+
+    kind = "sim"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._configs: list[SimConfig] = [SimConfig(), SimConfig()]
+        self._addresses = itertools.count(0x1000_0000, 0x100)
+        self._config_lock = threading.Lock()
+
+    def configure(
+        self, count: int, configs: Sequence[SimConfig] | SimConfig = _DEFAULT
+    ) -> None:
+        """Set how many sim devices exist and their configurations.
+
+        :param count: number of devices.
+        :param configs: one config for all, or one per device.
+        """
+        if count < 0:
+            raise ValueError("count must be >= 0")
+        if isinstance(configs, SimConfig):
+            chosen = [configs] * count
+        else:
+            chosen = list(configs)
+            if len(chosen) != count:
+                raise ValueError(f"need {count} configs, got {len(chosen)}")
+        with self._config_lock:
+            self._configs = chosen
+
+    def config(self, device: Device) -> SimConfig:
+        """The configuration of ``device``."""
+        self._check_device(device)
+        return self._configs[device.index]
+
+    def device_count(self) -> int:
+        return len(self._configs)
+
+    def _attributes(self, device: Device) -> dict[str, Any]:
+        config = self._configs[device.index]
+        return {
+            "device_name": "asyncrt simulated accelerator",
+            "max_threads_per_block": 1024,
+            "warp_size": 32,
+            "compute_version": "sim-1",
+            "total_global_memory": config.memory,
+            "available_global_memory": config.memory - self.used_bytes(device),
+            "flops": config.flops,
+            "host_bandwidth": config.bandwidth,
+            "host_latency": config.latency,
+        }
+
+    def _free_bytes(self, device: Device) -> int | None:
+        return self._configs[device.index].memory - self.used_bytes(device)
+
+    def _alloc(self, device: Device, nbytes: int) -> Any:
+        config = self._configs[device.index]
+        free = config.memory - self.used_bytes(device)
+        if nbytes > config.memory:
+            raise AllocationError(
+                f"cannot allocate {nbytes} bytes on {device}: larger than its "
+                f"{config.memory}-byte memory"
+            )
+        if nbytes > free:
+            raise OutOfMemoryError(str(device), nbytes, free)
+        address = next(self._addresses)
+        return SimAllocation(address, np.empty(nbytes, dtype=np.uint8))
+
+    def _create_stream(self, device: Device) -> Stream:
+        return SimStream(device, self._configs[device.index])
+
+    def view(
+        self, buffer: Buffer, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> Any:
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        data = buffer.raw._data[offset : offset + count * dtype.itemsize]
+        return data.view(dtype).reshape(shape)
+
+    def _copy_within(
+        self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, nbytes: int
+    ) -> None:
+        start = time.perf_counter()
+        dst.raw._data[dst_offset : dst_offset + nbytes] = src.raw._data[
+            src_offset : src_offset + nbytes
+        ]
+        if src.device != dst.device:  # over the link between two devices
+            seconds = max(
+                self._configs[src.device.index].copy_seconds(nbytes),
+                self._configs[dst.device.index].copy_seconds(nbytes),
+            )
+            _sleep_until(start + seconds)
+
+    def _copy_to_host(
+        self, src: Buffer, src_offset: int, dst: np.ndarray[Any, Any]
+    ) -> None:
+        start = time.perf_counter()
+        dst[...] = src.raw._data[src_offset : src_offset + dst.nbytes]
+        _sleep_until(start + self._configs[src.device.index].copy_seconds(dst.nbytes))
+
+    def _copy_from_host(
+        self, src: np.ndarray[Any, Any], dst: Buffer, dst_offset: int
+    ) -> None:
+        start = time.perf_counter()
+        dst.raw._data[dst_offset : dst_offset + src.nbytes] = src
+        _sleep_until(start + self._configs[dst.device.index].copy_seconds(src.nbytes))
+
+
+def _sleep_until(deadline: float) -> None:
+    remaining = deadline - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+def configure(
+    count: int, configs: Sequence[SimConfig] | SimConfig = _DEFAULT
+) -> None:
+    """Set the number and configurations of the ``sim`` devices.
+
+    Streams already made keep their old configuration.
+
+    :param count: number of sim devices (``sim:0`` .. ``sim:count-1``).
+    :param configs: one :class:`SimConfig` for all, or one per device.
+    """
+    api = get_api("sim")
+    if not isinstance(api, SimDeviceAPI):
+        raise TypeError(f"the 'sim' kind is registered to {type(api).__name__}")
+    api.configure(count, configs)
+
+
+register("sim", SimDeviceAPI)
