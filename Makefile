@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m asyncrt run
+	$(PY) examples/devices_tour.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q
