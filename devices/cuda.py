@@ -18,6 +18,7 @@ cupy raises ImportError, which the registry reports as "not available".
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from functools import cache
 from typing import Any
@@ -173,7 +174,7 @@ class CUDADeviceAPI(DeviceAPI):
         stream = _issuing_stream()
         with cupy.cuda.Device(src.device.index):
             src.raw[src_offset : src_offset + dst.nbytes].data.copy_to_host_async(
-                dst.ctypes.data, dst.nbytes, stream
+                ctypes.c_void_p(dst.ctypes.data), dst.nbytes, stream
             )
             # The host bytes must be there when this returns (staged copies
             # read them at once), so this one always waits.
@@ -189,7 +190,7 @@ class CUDADeviceAPI(DeviceAPI):
             # From pageable memory this returns once the source was staged,
             # so the host array may be reused at once.
             dst.raw[dst_offset : dst_offset + src.nbytes].data.copy_from_host_async(
-                src.ctypes.data, src.nbytes, stream
+                ctypes.c_void_p(src.ctypes.data), src.nbytes, stream
             )
         _finish(stream)
 

@@ -150,8 +150,9 @@ class TestStreamsBelongToDevices:
         with sim_api.stream(Device("sim", 1)) as other:
             with pytest.raises(StreamMismatchError, match="belongs to sim:1"):
                 sim_api.stream_sync(Device("sim", 0), other)
-            with cpu_api.stream(Device("cpu")) as mine, pytest.raises(
-                StreamMismatchError
+            with (
+                cpu_api.stream(Device("cpu")) as mine,
+                pytest.raises(StreamMismatchError),
             ):
                 cpu_api.sync_stream_from_to(Device("cpu"), mine, other)
 
