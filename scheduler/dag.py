@@ -81,7 +81,8 @@ class TensorSpec:
 class NodeSpec:
     """Everything the scheduler knows about one node.
 
-    :ivar name: the node's name in the graph (unique within it).
+    :ivar name: the node's name in the graph (not always unique: real TVM
+        files repeat operator names; key nodes by id).
     :ivar op: ``"null"`` for graph inputs and parameters, else ``"tvm_op"``.
     :ivar func_name: the kernel to run (``""`` for null nodes); TVM's special
         ``"__nop"`` (output aliases input 0's storage) and ``"__copy"``.
