@@ -1,6 +1,8 @@
 """asyncrt: run computation graphs across several devices from async Python.
 
 The public surface, curated here; everything else is private or internal.
+TVM users will recognise the names: ``asyncrt.cpu()``, ``asyncrt.nd``,
+``asyncrt.graph_executor.create``, ``register_func``, ``save_param_dict``.
 """
 
 from devices import Device as Device
@@ -10,11 +12,20 @@ from devices import Stream as Stream
 from devices import device as device
 from devices import list_devices as list_devices
 
+from . import _ops as _ops  # registers the built-in kernels
 from . import errors as errors
+from . import graph as graph
+from . import graph_executor as graph_executor
 from . import nd as nd
 from ._devices import cpu as cpu
 from ._devices import cuda as cuda
 from ._devices import sim as sim
+from ._kernels import Module as Module
+from ._kernels import get_global_func as get_global_func
+from ._kernels import list_global_func_names as list_global_func_names
+from ._kernels import register_func as register_func
+from ._param_dict import load_param_dict as load_param_dict
+from ._param_dict import save_param_dict as save_param_dict
 from .errors import AsyncrtError as AsyncrtError
 
 __version__ = "0.1.0"
@@ -23,6 +34,7 @@ __all__ = (
     "AsyncrtError",
     "Device",
     "Event",
+    "Module",
     "NDArray",
     "Stream",
     "__version__",
@@ -30,7 +42,14 @@ __all__ = (
     "cuda",
     "device",
     "errors",
+    "get_global_func",
+    "graph",
+    "graph_executor",
     "list_devices",
+    "list_global_func_names",
+    "load_param_dict",
     "nd",
+    "register_func",
+    "save_param_dict",
     "sim",
 )

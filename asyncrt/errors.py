@@ -25,6 +25,7 @@ __all__ = (
     "AllocationError",
     "ArtifactError",
     "AsyncrtError",
+    "BusyError",
     "ClosedResourceError",
     "CopyError",
     "DTypeError",
@@ -103,3 +104,10 @@ class KernelNotFoundError(AsyncrtError, LookupError):
 class InputError(AsyncrtError, ValueError):
     """Raised when an input given to an executor does not match the graph
     (unknown name or index, wrong shape, dtype or device)."""
+
+
+class BusyError(AsyncrtError, RuntimeError):
+    """Raised when the stateful API (``set_input`` / ``run()`` /
+    ``get_output``) is used while a stateful run is in flight: those calls
+    belong to one caller at a time. Concurrent callers use
+    ``await run(**inputs)``."""

@@ -7,6 +7,7 @@ install never imports cupy.
 
 from ._api import Buffer as Buffer
 from ._api import DeviceAPI as DeviceAPI
+from ._api import copy_function as copy_function
 from ._device import Device as Device
 from ._device import DLDeviceType as DLDeviceType
 from ._device import device as device
@@ -24,11 +25,13 @@ from ._registry import list_devices as list_devices
 from ._registry import register as register
 from ._registry import registered_kinds as registered_kinds
 from ._registry import unregister as unregister
+from ._stream import BatchError as BatchError
 from ._stream import Call as Call
 from ._stream import Stream as Stream
 
 __all__ = (
     "DTYPES",
+    "BatchError",
     "Buffer",
     "Call",
     "DLDeviceType",
@@ -38,6 +41,7 @@ __all__ = (
     "NDArray",
     "Stream",
     "array",
+    "copy_function",
     "device",
     "dtype_nbytes",
     "dtype_string",

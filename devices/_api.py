@@ -16,6 +16,7 @@ other pair is staged through host memory.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -28,14 +29,13 @@ from .errors import (
     AllocationError,
     ClosedResourceError,
     CopyError,
-    DeviceError,
     DeviceNotFoundError,
     OutOfMemoryError,
     StreamMismatchError,
     UnsupportedOperationError,
 )
 
-__all__ = ("MAX_ALLOCATION", "Buffer", "DeviceAPI")
+__all__ = ("MAX_ALLOCATION", "Buffer", "DeviceAPI", "copy_function")
 
 #: No single allocation may exceed this (1 TiB): larger requests are bugs or
 #: hostile input, and are refused before any backend is asked.
@@ -71,13 +71,14 @@ class Buffer:
     :ivar nbytes: its size.
     """
 
-    __slots__ = ("__weakref__", "_api", "_raw", "device", "nbytes")
+    __slots__ = ("__weakref__", "_api", "_finalizer", "_raw", "device", "nbytes")
 
     def __init__(self, api: DeviceAPI, device: Device, nbytes: int, raw: Any) -> None:
         self._api = api
         self.device = device
         self.nbytes = nbytes
         self._raw = raw
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     def __repr__(self) -> str:
         state = "" if self._raw is not None else " freed"
@@ -197,6 +198,8 @@ class DeviceAPI:
         buffer = Buffer(self, device, nbytes, raw)
         with self._lock:
             self._used[device.index] = self._used.get(device.index, 0) + nbytes
+        # A buffer dropped without free() still gives its bytes back.
+        buffer._finalizer = weakref.finalize(buffer, self._release, device, nbytes, raw)
         return buffer
 
     def free(self, buffer: Buffer) -> None:
@@ -205,9 +208,13 @@ class DeviceAPI:
         if raw is None:
             return
         buffer._raw = None
+        if buffer._finalizer is not None and buffer._finalizer.detach() is not None:
+            self._release(buffer.device, buffer.nbytes, raw)
+
+    def _release(self, device: Device, nbytes: int, raw: Any) -> None:
         with self._lock:
-            self._used[buffer.device.index] -= buffer.nbytes
-        self._free(buffer.device, raw)
+            self._used[device.index] -= nbytes
+        self._free(device, raw)
 
     def alloc_workspace(self, device: Device, nbytes: int) -> Buffer:
         """Scratch memory for a kernel (TVM's ``AllocWorkspace``).
@@ -262,7 +269,7 @@ class DeviceAPI:
                     f"copy of {nbytes} bytes at {name} offset {offset} does not fit "
                     f"the {buf.nbytes}-byte {name} buffer on {buf.device}"
                 )
-        copy = _copy_function(src, src_offset, dst, dst_offset, nbytes)
+        copy = copy_function(src, src_offset, dst, dst_offset, nbytes)
         if stream is None:
             copy()
             return
@@ -399,11 +406,12 @@ class DeviceAPI:
             raise ClosedResourceError(f"stream {stream.label} is closed")
 
 
-def _copy_function(
+def copy_function(
     src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, nbytes: int
 ) -> Callable[[], None]:
-    """Choose the path of one copy: within a kind, to/from the host, or
-    staged through a host bounce buffer."""
+    """The call that copies ``nbytes`` between two buffers, for launching on
+    a stream of either device: within a kind, to or from the host, or staged
+    through a host bounce buffer. Bounds are the caller's to check."""
     src_api, dst_api = src._api, dst._api
     if src_api is dst_api:
         return lambda: src_api._copy_within(src, src_offset, dst, dst_offset, nbytes)
@@ -422,9 +430,3 @@ def _copy_function(
         dst_api._copy_from_host(bounce, dst, dst_offset)
 
     return staged
-
-
-def check_same_device(what: str, expected: Device, actual: Device) -> None:
-    """Raise :class:`DeviceError` if ``actual`` is not ``expected``."""
-    if expected != actual:
-        raise DeviceError(f"{what} is on {actual}, expected {expected}")

@@ -23,7 +23,6 @@ from ._stream import Stream
 from .errors import (
     AllocationError,
     CopyError,
-    DeviceError,
     UnsupportedOperationError,
 )
 
@@ -283,9 +282,3 @@ def _host_buffer(host: np.ndarray[Any, Any]) -> Buffer:
     counted in the cpu's used bytes, since asyncrt did not allocate it)."""
     raw = host.reshape(-1).view(np.uint8)
     return Buffer(get_api("cpu"), Device("cpu"), raw.nbytes, raw)
-
-
-def check_device(array: NDArray, device: Device) -> None:
-    """Raise :class:`DeviceError` unless ``array`` lives on ``device``."""
-    if array.device != device:
-        raise DeviceError(f"{array!r} is on {array.device}, expected {device}")

@@ -31,7 +31,7 @@ from ._device import Device
 from ._event import Completion, Event, wait_completion
 from .errors import ClosedResourceError, StreamError
 
-__all__ = ("Call", "Stream")
+__all__ = ("BatchError", "Call", "Stream")
 
 #: One call on a stream: the function, its positional arguments, and the
 #: work it does in floating-point operations (0 if unknown; cost models and
@@ -45,6 +45,20 @@ _WAIT: Final = 3
 _STOP: Final = 4
 
 _stream_ids = itertools.count()
+
+
+class BatchError(Exception):
+    """Raised inside a stream when call ``index`` of a batch failed; the
+    call's exception is chained as ``__cause__``. The next record reports it.
+
+    :ivar index: the failing call's position in the batch.
+    :ivar batch: the batch (the sequence given to ``launch_many``).
+    """
+
+    def __init__(self, index: int, batch: Sequence[Call]) -> None:
+        self.index = index
+        self.batch = batch
+        super().__init__(f"call {index} of a batch failed")
 
 
 class Stream:
@@ -127,8 +141,12 @@ class Stream:
         :raises ClosedResourceError: if the stream is closed.
         """
         completion = event.completion
-        if not completion.done:
+        # A done completion needs no wait, unless it carries a failure that
+        # this stream must inherit.
+        if not completion.done or completion.error is not None:
             self._put(_WAIT, completion, event, 0.0)
+        else:
+            self._check_open()
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Block the calling thread until all work launched so far is done.
@@ -178,8 +196,13 @@ class Stream:
         :meth:`_execute`. Backends that need no per-call hook run the calls
         directly."""
         execute = self._execute
-        for fn, args, work in calls:
-            execute(fn, args, work)
+        index = 0
+        try:
+            for fn, args, work in calls:
+                execute(fn, args, work)
+                index += 1
+        except Exception as exc:
+            raise BatchError(index, calls) from exc
 
     def _on_thread_start(self) -> None:
         """Prepare the worker thread (e.g. make a device current on it)."""

@@ -14,7 +14,7 @@ import numpy as np
 from ._api import Buffer, DeviceAPI
 from ._device import Device, DLDeviceType
 from ._registry import register
-from ._stream import Call, Stream
+from ._stream import BatchError, Call, Stream
 
 __all__ = ("CPUDeviceAPI", "CPUStream")
 
@@ -25,8 +25,13 @@ class CPUStream(Stream):
     """A cpu stream: calls run directly on its worker thread."""
 
     def _execute_many(self, calls: Sequence[Call]) -> None:
-        for fn, args, _ in calls:
-            fn(*args)
+        index = 0
+        try:
+            for fn, args, _ in calls:
+                fn(*args)
+                index += 1
+        except Exception as exc:
+            raise BatchError(index, calls) from exc
 
 
 class CPUDeviceAPI(DeviceAPI):

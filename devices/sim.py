@@ -108,13 +108,6 @@ class SimStream(Stream):
         if work:
             _sleep_until(start + self._config.compute_seconds(work))
 
-    def _execute_many(
-        self, calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...], float]]
-    ) -> None:
-        execute = self._execute
-        for fn, args, work in calls:
-            execute(fn, args, work)
-
 
 class SimDeviceAPI(DeviceAPI):
     """Simulated accelerators ``sim:0`` .. ``sim:N-1``."""
@@ -229,9 +222,7 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(remaining)
 
 
-def configure(
-    count: int, configs: Sequence[SimConfig] | SimConfig = _DEFAULT
-) -> None:
+def configure(count: int, configs: Sequence[SimConfig] | SimConfig = _DEFAULT) -> None:
     """Set the number and configurations of the ``sim`` devices.
 
     Streams already made keep their old configuration.

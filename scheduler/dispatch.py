@@ -1,0 +1,368 @@
+"""The dispatcher: runs a :class:`~scheduler.plan.Plan`.
+
+Binding (:class:`Program`) happens once per run context: it allocates each
+device's arena, makes a view for every tensor, creates the streams and the
+events, and compiles the plan's steps into *actions*: pre-bound batches of
+``(kernel, arrays, work)`` calls, records and waits. Running then only walks
+the actions — a tight loop with no planning, no allocation, no task per node:
+
+* a batch goes to its stream with one ``launch_many`` (the worker thread
+  calls the kernels);
+* records and waits become device-side event operations, so streams order
+  themselves without the host;
+* a coroutine kernel is awaited on the event loop, after an event tells the
+  host that its inputs are ready.
+
+The host awaits one final event per stream. A kernel that raises fails the
+run with :class:`~scheduler.errors.NodeFailedError` naming the node; the
+streams skip the rest of that run's work. Cancelling the awaiting task stops
+the streams at the next check (every :data:`CHECK_EVERY` calls), waits for
+in-flight work to drain, and re-raises the cancellation: the program is then
+ready for the next run.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from devices import (
+    BatchError,
+    Call,
+    Device,
+    Event,
+    NDArray,
+    Stream,
+    copy_function,
+    get_api,
+)
+from devices._event import Completion, wait_completion
+from devices.errors import ClosedResourceError, StreamError
+
+from .dag import Entry
+from .errors import NodeFailedError
+from .plan import Launch, Plan, RecordEvent
+
+__all__ = ("CHECK_EVERY", "Program")
+
+#: A batch checks for cancellation (or failure elsewhere) once per this many
+#: calls, and before every call estimated at :data:`HEAVY_WORK` FLOPs or
+#: more: cheap enough to vanish in the per-node cost, frequent enough that a
+#: cancelled run stops promptly.
+CHECK_EVERY = 64
+HEAVY_WORK = 1e5
+
+Kernel = Callable[..., Any]
+
+
+class _Stopped(Exception):
+    """Raised inside a stream to skip the rest of a cancelled or failed run."""
+
+
+class _RunState:
+    __slots__ = ("stopped",)
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+
+def _check(state: _RunState) -> None:
+    if state.stopped:
+        raise _Stopped
+
+
+@dataclass(frozen=True)
+class _Batch:
+    stream: int
+    calls: list[Call]
+    launches: list[Launch | None]  # per call; None for a check
+
+
+@dataclass(frozen=True)
+class _Record:
+    stream: int
+    event: int
+
+
+@dataclass(frozen=True)
+class _Wait:
+    stream: int
+    event: int
+
+
+@dataclass(frozen=True)
+class _AsyncCall:
+    stream: int
+    kernel: Kernel
+    args: tuple[Any, ...]
+    launch: Launch
+
+
+_Action = _Batch | _Record | _Wait | _AsyncCall
+
+
+class Program:
+    """A plan bound to memory, kernels and streams, ready to run many times.
+
+    One program serves one run at a time (a run context); executors keep a
+    pool of them for concurrent runs.
+
+    :param plan: the plan.
+    :param kernels: the kernel of every launch, by node id (``__copy``
+        launches need none).
+    :param external: the arrays of the plan's external tensors (graph inputs
+        and parameters), by entry.
+    :raises ValueError: if an external tensor is missing or misplaced.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        kernels: Mapping[int, Kernel],
+        external: Mapping[Entry, NDArray],
+    ) -> None:
+        self.plan = plan
+        self._arenas: list[NDArray] = []
+        self._streams: list[Stream] = []
+        self._closed = False
+        try:
+            self.arrays = self._bind_memory(external)
+            for stream_plan in plan.streams:
+                api = get_api(stream_plan.device.kind)
+                self._streams.append(api.create_stream(stream_plan.device))
+            self._events = [Event(f"e{i}") for i in range(plan.num_events)]
+            self._state = _RunState()
+            self._actions = self._compile(kernels)
+        except BaseException:
+            self.close()
+            raise
+        self._has_async = any(isinstance(a, _AsyncCall) for a in self._actions)
+        self._batches = {id(a.calls): a for a in self._actions if isinstance(a, _Batch)}
+
+    # -- binding -------------------------------------------------------------
+
+    def _bind_memory(self, external: Mapping[Entry, NDArray]) -> dict[Entry, NDArray]:
+        plan = self.plan
+        arena_of: dict[Device, NDArray] = {}
+        for device, arena in plan.arenas.items():
+            buffer = get_api(device.kind).alloc(device, arena.size)
+            arena_of[device] = NDArray(buffer, (arena.size,), "uint8")
+            self._arenas.append(arena_of[device])
+        arrays: dict[Entry, NDArray] = {}
+        for entry, placement in plan.storage.items():
+            spec = plan.tensors[entry]
+            if placement.where == "arena":
+                arena_array = arena_of[placement.device]
+                arrays[entry] = NDArray(
+                    arena_array.buffer, spec.shape, spec.dtype, placement.offset
+                )
+            elif placement.where == "external":
+                given = external.get(entry)
+                if given is None:
+                    raise ValueError(f"no array bound for external tensor {entry}")
+                if given.device != placement.device:
+                    raise ValueError(
+                        f"tensor {entry} must be on {placement.device}, "
+                        f"got {given.device}"
+                    )
+                arrays[entry] = given
+        for entry, placement in plan.storage.items():
+            if placement.where == "alias":
+                spec = plan.tensors[entry]
+                owner = arrays[plan.resolve(entry)]
+                arrays[entry] = NDArray(
+                    owner.buffer, spec.shape, spec.dtype, owner.byte_offset
+                )
+        return arrays
+
+    def _compile(self, kernels: Mapping[int, Kernel]) -> list[_Action]:
+        plan, state = self.plan, self._state
+        actions: list[_Action] = []
+        pending: dict[int, _Batch] = {}
+        unchecked_calls: dict[int, int] = {}
+
+        def flush(stream: int) -> None:
+            unchecked_calls.pop(stream, None)  # a new batch starts with a check
+            batch = pending.pop(stream, None)
+            if batch is not None and batch.calls:
+                actions.append(batch)
+
+        for stream, index in plan.order:
+            step = plan.streams[stream].steps[index]
+            if isinstance(step, Launch):
+                fn, args = self._bind_launch(step, kernels)
+                if inspect.iscoroutinefunction(fn):
+                    flush(stream)
+                    actions.append(_AsyncCall(stream, fn, args, step))
+                    continue
+                batch = pending.setdefault(stream, _Batch(stream, [], []))
+                unchecked = unchecked_calls.get(stream, CHECK_EVERY)
+                if unchecked >= CHECK_EVERY or step.work >= HEAVY_WORK:
+                    batch.calls.append((_check, (state,), 0.0))
+                    batch.launches.append(None)
+                    unchecked = 0
+                unchecked_calls[stream] = unchecked + 1
+                batch.calls.append((fn, args, step.work))
+                batch.launches.append(step)
+            else:
+                flush(stream)
+                if isinstance(step, RecordEvent):
+                    actions.append(_Record(stream, step.event))
+                else:
+                    actions.append(_Wait(stream, step.event))
+        for stream in list(pending):
+            flush(stream)
+        return actions
+
+    def _bind_launch(
+        self, step: Launch, kernels: Mapping[int, Kernel]
+    ) -> tuple[Kernel, tuple[Any, ...]]:
+        if step.func_name == "__copy":
+            src, dst = (self.arrays[e] for e in step.args)
+            copy = copy_function(
+                src.buffer, src.byte_offset, dst.buffer, dst.byte_offset, src.nbytes
+            )
+            return copy, ()
+        kernel = kernels[step.nid]
+        return kernel, tuple(self.arrays[e].backend_array() for e in step.args)
+
+    # -- running ---------------------------------------------------------------
+
+    def _issue(self, actions: Sequence[_Action]) -> None:
+        streams, events = self._streams, self._events
+        for action in actions:
+            if isinstance(action, _Batch):
+                streams[action.stream].launch_many(action.calls)
+            elif isinstance(action, _Record):
+                streams[action.stream].record(events[action.event])
+            elif isinstance(action, _Wait):
+                streams[action.stream].wait_event(events[action.event])
+
+    def _finish(self) -> list[Completion]:
+        state = self._state
+
+        def stop_others(completion: Completion) -> None:
+            if completion.error is not None:
+                state.stopped = True  # the other streams skip the rest
+
+        completions = [stream.record().completion for stream in self._streams]
+        for completion in completions:
+            completion.add_callback(stop_others)
+        return completions
+
+    def launch(self) -> list[Completion]:
+        """Issue the whole run without waiting; return one completion per
+        stream. Only for programs without coroutine kernels.
+
+        :raises ClosedResourceError: if the program was closed.
+        """
+        self._check_open()
+        self._state.stopped = False
+        self._issue(self._actions)
+        return self._finish()
+
+    async def run(self) -> None:
+        """Run once; return when every stream is done.
+
+        :raises NodeFailedError: if a kernel raised (chained).
+        :raises ClosedResourceError: if the program was closed.
+        """
+        self._check_open()
+        self._state.stopped = False
+        completions: list[Completion] = []
+        try:
+            if self._has_async:
+                await self._run_with_coroutines()
+            else:
+                self._issue(self._actions)
+            completions = self._finish()
+            for completion in completions:
+                await wait_completion(completion)
+        except BaseException:
+            # Cancelled (or failed on the host): stop the streams at their
+            # next check, and let in-flight work drain before giving up the
+            # memory it uses.
+            self._state.stopped = True
+            with anyio.CancelScope(shield=True):
+                for completion in completions or self._finish():
+                    await wait_completion(completion)
+            raise
+        self._raise_first_error(completions)
+
+    def run_sync(self) -> None:
+        """Run once, blocking the calling thread (no event loop needed).
+
+        :raises NodeFailedError: if a kernel raised (chained).
+        """
+        if self._has_async:
+            raise TypeError("a plan with coroutine kernels needs `await run()`")
+        completions = self.launch()
+        for completion in completions:
+            completion.wait()
+        self._raise_first_error(completions)
+
+    async def _run_with_coroutines(self) -> None:
+        streams = self._streams
+        for action in self._actions:
+            if isinstance(action, _AsyncCall):
+                # The host runs this node: wait for its stream to get here.
+                ready = streams[action.stream].record()
+                await ready.wait()
+                try:
+                    await action.kernel(*action.args)
+                except Exception as exc:
+                    raise self._node_error(action.launch, action.stream) from exc
+            else:
+                self._issue((action,))
+
+    # -- errors ------------------------------------------------------------------
+
+    def _raise_first_error(self, completions: Sequence[Completion]) -> None:
+        errors = [c.error for c in completions if c.error is not None]
+        if not errors:
+            return
+        self._state.stopped = True
+        for error in errors:
+            root = _batch_error(error)
+            if root is None or id(root.batch) not in self._batches:
+                continue
+            batch = self._batches[id(root.batch)]
+            launch = batch.launches[root.index]
+            if launch is not None:  # None: a check that stopped this stream
+                raise self._node_error(launch, batch.stream) from root.__cause__
+        raise StreamError(f"run failed: {errors[0]!r}", "") from errors[0]
+
+    def _node_error(self, launch: Launch, stream: int) -> NodeFailedError:
+        device = self.plan.streams[stream].device
+        return NodeFailedError(
+            launch.name, launch.func_name, str(device), self._streams[stream].label
+        )
+
+    # -- lifetime ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedResourceError("this program was closed")
+
+    def close(self) -> None:
+        """Finish queued work, stop the streams and free the arenas."""
+        self._closed = True
+        for stream in self._streams:
+            get_api(stream.device.kind).free_stream(stream)
+        self._streams.clear()
+        for arena in self._arenas:
+            get_api(arena.device.kind).free(arena.buffer)
+        self._arenas.clear()
+
+
+def _batch_error(error: BaseException | None) -> BatchError | None:
+    """The batch failure at the root of a chain of stream errors."""
+    while error is not None:
+        if isinstance(error, BatchError):
+            return error
+        error = error.__cause__
+    return None

@@ -1,0 +1,228 @@
+"""The Plan: everything decided before a graph runs, as plain frozen data.
+
+A :class:`Plan` says which device runs each node, on which stream, in what
+order; which events order the streams; where every tensor lives (an offset
+in its device's arena, an external buffer the executor binds — graph inputs
+and parameters —, or an alias of another tensor, as TVM's ``__nop``); and how
+big each arena is. It is computed once by :mod:`scheduler.planner` and run
+many times by :mod:`scheduler.dispatch`; running it does no planning.
+
+``print(plan)`` shows it; :meth:`Plan.to_dot` renders it for graphviz.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from devices import Device
+
+from .dag import Entry, TensorSpec
+
+__all__ = (
+    "Arena",
+    "Launch",
+    "Plan",
+    "RecordEvent",
+    "Step",
+    "StreamPlan",
+    "TensorPlacement",
+    "WaitEvent",
+)
+
+
+@dataclass(frozen=True)
+class TensorPlacement:
+    """Where one tensor (one node output) lives.
+
+    :ivar device: the device holding it.
+    :ivar where: ``"arena"`` (at :attr:`offset` in the device's arena),
+        ``"external"`` (a graph input or parameter: the executor binds a
+        buffer of its own), or ``"alias"`` (the same memory as
+        :attr:`alias_of`).
+    :ivar offset: byte offset in the arena (``"arena"`` only).
+    :ivar alias_of: the tensor it aliases (``"alias"`` only).
+    """
+
+    device: Device
+    where: Literal["arena", "external", "alias"]
+    offset: int = 0
+    alias_of: Entry | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Run one node's kernel on a stream.
+
+    :ivar nid: the node id.
+    :ivar name: the node's name.
+    :ivar func_name: the kernel's name (``"__copy"`` for a device copy).
+    :ivar args: the tensors passed, inputs then outputs (destination passing).
+    :ivar num_inputs: how many of ``args`` are inputs.
+    :ivar work: estimated floating-point operations.
+    """
+
+    nid: int
+    name: str
+    func_name: str
+    args: tuple[Entry, ...]
+    num_inputs: int
+    work: float = 0.0
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    """Record event ``event`` on this stream."""
+
+    event: int
+
+
+@dataclass(frozen=True)
+class WaitEvent:
+    """Make this stream wait for event ``event`` (SyncStreamFromTo)."""
+
+    event: int
+
+
+Step = Launch | RecordEvent | WaitEvent
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """One stream's work, in order.
+
+    :ivar device: the stream's device.
+    :ivar steps: launches, records and waits, in order.
+    """
+
+    device: Device
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class Arena:
+    """One device's activation memory for one run.
+
+    :ivar size: bytes to allocate.
+    :ivar lower_bound: the most bytes ever live at once: no plan can be
+        smaller.
+    """
+
+    size: int
+    lower_bound: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A graph, planned: placement, streams, events, storage.
+
+    :ivar host: the host-facing device (inputs arrive, outputs leave there).
+    :ivar devices: every device the plan uses, host first.
+    :ivar placement: the device of every node.
+    :ivar streams: the streams, each with its steps.
+    :ivar order: the order in which the dispatcher issues steps, as
+        ``(stream index, step index)`` pairs: every record comes before any
+        wait on its event.
+    :ivar num_events: how many events the streams use.
+    :ivar tensors: the shape and dtype of every tensor.
+    :ivar storage: where every tensor lives.
+    :ivar arenas: the arena of each device that has one.
+    :ivar inputs: node ids of the graph's external tensors (inputs and
+        parameters), bound by the executor.
+    :ivar heads: the graph's outputs.
+    """
+
+    host: Device
+    devices: tuple[Device, ...]
+    placement: Mapping[int, Device]
+    streams: tuple[StreamPlan, ...]
+    order: tuple[tuple[int, int], ...]
+    num_events: int
+    tensors: Mapping[Entry, TensorSpec]
+    storage: Mapping[Entry, TensorPlacement]
+    arenas: Mapping[Device, Arena]
+    inputs: tuple[int, ...]
+    heads: tuple[Entry, ...]
+
+    def launches(self) -> list[Launch]:
+        """Every launch, in issue order."""
+        result = []
+        for stream, step in self.order:
+            item = self.streams[stream].steps[step]
+            if isinstance(item, Launch):
+                result.append(item)
+        return result
+
+    def resolve(self, entry: Entry) -> Entry:
+        """Follow aliases to the tensor that owns the memory."""
+        placement = self.storage[entry]
+        while placement.where == "alias" and placement.alias_of is not None:
+            entry = placement.alias_of
+            placement = self.storage[entry]
+        return entry
+
+    def __str__(self) -> str:
+        lines = [f"Plan on {', '.join(map(str, self.devices))} (host {self.host})"]
+        for device, arena in sorted(self.arenas.items()):
+            ratio = arena.size / arena.lower_bound if arena.lower_bound else 1.0
+            lines.append(
+                f"  arena {device}: {arena.size} bytes "
+                f"(lower bound {arena.lower_bound}, {ratio:.3f}x)"
+            )
+        for index, stream in enumerate(self.streams):
+            lines.append(f"  stream {index} on {stream.device}:")
+            for step in stream.steps:
+                lines.append(f"    {_describe(step, self)}")
+        return "\n".join(lines)
+
+    def to_dot(self) -> str:
+        """The plan as a graphviz DOT graph: one cluster per stream, edges
+        for data dependencies, dashed edges for event waits."""
+        out = ["digraph plan {", "  rankdir=TB;", "  node [shape=box, fontsize=10];"]
+        producer: dict[Entry, str] = {}
+        records: dict[int, str] = {}
+        for s, stream in enumerate(self.streams):
+            out.append(
+                f'  subgraph cluster_s{s} {{ label="stream {s} ({stream.device})";'
+            )
+            for i, step in enumerate(stream.steps):
+                if isinstance(step, Launch):
+                    node = f"n{step.nid}"
+                    out.append(f'    {node} [label="{step.name}\\n{step.func_name}"];')
+                    for entry in step.args[step.num_inputs :]:
+                        producer[entry] = node
+                elif isinstance(step, RecordEvent):
+                    records[step.event] = f"s{s}_{i}"
+            out.append("  }")
+        for stream in self.streams:
+            for step in stream.steps:
+                if isinstance(step, Launch):
+                    for entry in step.args[: step.num_inputs]:
+                        source = producer.get(self.resolve(entry)) or producer.get(
+                            entry
+                        )
+                        if source is not None:
+                            out.append(f"  {source} -> n{step.nid};")
+        out.append("}")
+        return "\n".join(out)
+
+
+def _describe(step: Step, plan: Plan) -> str:
+    if isinstance(step, RecordEvent):
+        return f"record event {step.event}"
+    if isinstance(step, WaitEvent):
+        return f"wait event {step.event}"
+    ins = ", ".join(_where(e, plan) for e in step.args[: step.num_inputs])
+    outs = ", ".join(_where(e, plan) for e in step.args[step.num_inputs :])
+    return f"{step.name} = {step.func_name}({ins}) -> {outs}"
+
+
+def _where(entry: Entry, plan: Plan) -> str:
+    placement = plan.storage[entry]
+    label = f"{entry.nid}.{entry.index}"
+    if placement.where == "arena":
+        return f"{label}@{placement.offset}"
+    if placement.where == "alias":
+        return f"{label}={_where(plan.resolve(entry), plan)}"
+    return f"{label}(ext)"
