@@ -1,9 +1,13 @@
 """Built-in kernels, registered globally for every device kind.
 
-Each kernel is written once against the numpy API and runs on numpy (cpu,
-sim) and cupy (cuda) arrays alike: :func:`array_module` picks the array's
-own library, and every kernel writes into its preallocated output with
-``out=`` (destination passing, no temporaries where the library allows).
+Each kernel is written once, as a function of the array library ``xp``
+(numpy or cupy, which share the numpy API), and bound per device kind at
+registration: numpy for ``cpu`` and ``sim``, cupy for ``cuda`` (imported on
+the kernel's first call, so a numpy-only install never imports it).
+Elementwise kernels *are* the library's ufuncs: a ufunc takes its output
+positionally (``np.add(a, b, out)``), which is exactly TVM's
+destination-passing convention, so such a kernel costs one C call and no
+temporaries.
 
 Names follow the ONNX/Relay spelling in lower case (``add``, ``relu``,
 ``matmul``, ...). The full operator library is the ONNX frontend's job; this
@@ -12,7 +16,8 @@ set covers elementwise math, matmul, bias, softmax, reductions and copies.
 
 from __future__ import annotations
 
-import sys
+import importlib
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -20,117 +25,144 @@ import numpy as np
 
 from ._kernels import register_func
 
-__all__ = ("array_module",)
+__all__ = ("register_for_all_kinds",)
 
 Array = Any
+KernelFactory = Callable[[ModuleType], Callable[..., None]]
 
 
-def array_module(array: Array) -> ModuleType:
-    """numpy or cupy: the library that owns ``array``."""
-    if type(array).__module__.startswith("cupy"):
-        return sys.modules["cupy"]
-    return np
+class _CupyKernel:
+    """A cuda kernel built from its factory on first call (imports cupy)."""
+
+    __slots__ = ("_kernel", "_make")
+
+    def __init__(self, make: KernelFactory) -> None:
+        self._make = make
+        self._kernel: Callable[..., None] | None = None
+
+    def __call__(self, *args: Array) -> None:
+        kernel = self._kernel
+        if kernel is None:
+            kernel = self._kernel = self._make(importlib.import_module("cupy"))
+        kernel(*args)
 
 
-def _binary(name: str, ufunc: str) -> None:
-    def kernel(a: Array, b: Array, out: Array) -> None:
-        getattr(array_module(out), ufunc)(a, b, out=out)
-
-    kernel.__name__ = kernel.__qualname__ = name
-    register_func(name, kernel)
+def register_for_all_kinds(name: str, make: KernelFactory) -> None:
+    """Register ``make(numpy)`` for cpu and sim, ``make(cupy)`` for cuda."""
+    register_func(name, make(np), kinds=("cpu", "sim"))
+    register_func(name, _CupyKernel(make), kinds=("cuda",))
 
 
-def _unary(name: str, ufunc: str) -> None:
-    def kernel(a: Array, out: Array) -> None:
-        getattr(array_module(out), ufunc)(a, out=out)
-
-    kernel.__name__ = kernel.__qualname__ = name
-    register_func(name, kernel)
+def _ufunc(ufunc: str) -> KernelFactory:
+    return lambda xp: getattr(xp, ufunc)
 
 
-for _name, _ufunc in (
+for _name, _func in (
     ("add", "add"),
     ("subtract", "subtract"),
     ("multiply", "multiply"),
     ("divide", "divide"),
-    ("maximum", "maximum"),
-    ("minimum", "minimum"),
     ("power", "power"),
-):
-    _binary(_name, _ufunc)
-
-for _name, _ufunc in (
     ("negative", "negative"),
     ("exp", "exp"),
     ("log", "log"),
     ("sqrt", "sqrt"),
     ("tanh", "tanh"),
     ("abs", "absolute"),
+    ("matmul", "matmul"),
+    ("bias_add", "add"),  # bias broadcast over the last axis
 ):
-    _unary(_name, _ufunc)
+    register_for_all_kinds(_name, _ufunc(_func))
 
 
-@register_func("relu")
-def relu(a: Array, out: Array) -> None:
-    """``max(a, 0)``."""
-    array_module(out).maximum(a, 0, out=out)
+def _keyword_out(ufunc: str) -> KernelFactory:
+    """For ufuncs whose positional ``out`` numpy deprecates (max/min)."""
+
+    def make(xp: ModuleType) -> Callable[..., None]:
+        func = getattr(xp, ufunc)
+
+        def kernel(a: Array, b: Array, out: Array) -> None:
+            func(a, b, out=out)
+
+        return kernel
+
+    return make
 
 
-@register_func("sigmoid")
-def sigmoid(a: Array, out: Array) -> None:
-    """``1 / (1 + exp(-a))``, computed in place in ``out``."""
-    xp = array_module(out)
-    xp.negative(a, out=out)
-    xp.exp(out, out=out)
-    xp.add(out, 1, out=out)
-    xp.reciprocal(out, out=out)
+def _relu(xp: ModuleType) -> Callable[..., None]:
+    maximum = xp.maximum
+
+    def relu(a: Array, out: Array) -> None:
+        maximum(a, 0, out=out)
+
+    return relu
 
 
-@register_func("copy")
-def copy(a: Array, out: Array) -> None:
-    """``out = a``."""
-    out[...] = a
+def _sigmoid(xp: ModuleType) -> Callable[..., None]:
+    def sigmoid(a: Array, out: Array) -> None:
+        xp.negative(a, out)
+        xp.exp(out, out)
+        xp.add(out, 1, out)
+        xp.reciprocal(out, out)
+
+    return sigmoid
 
 
-@register_func("matmul")
-def matmul(a: Array, b: Array, out: Array) -> None:
-    """Matrix product (batched over leading dimensions)."""
-    array_module(out).matmul(a, b, out=out)
+def _copy(xp: ModuleType) -> Callable[..., None]:
+    def copy(a: Array, out: Array) -> None:
+        out[...] = a
+
+    return copy
 
 
-@register_func("dense")
-def dense(a: Array, w: Array, out: Array) -> None:
-    """``a @ w.T`` (Relay's ``nn.dense``: weights stored as [units, in])."""
-    array_module(out).matmul(a, w.T, out=out)
+def _dense(xp: ModuleType) -> Callable[..., None]:
+    matmul = xp.matmul
+
+    def dense(a: Array, w: Array, out: Array) -> None:
+        matmul(a, w.T, out)  # Relay's nn.dense: weights stored as [units, in]
+
+    return dense
 
 
-@register_func("bias_add")
-def bias_add(a: Array, bias: Array, out: Array) -> None:
-    """``a + bias``, the bias broadcast over the last axis."""
-    array_module(out).add(a, bias, out=out)
+def _softmax(xp: ModuleType) -> Callable[..., None]:
+    def softmax(a: Array, out: Array) -> None:
+        xp.subtract(a, a.max(axis=-1, keepdims=True), out)  # numerically stable
+        xp.exp(out, out)
+        xp.divide(out, out.sum(axis=-1, keepdims=True), out)
+
+    return softmax
 
 
-@register_func("softmax")
-def softmax(a: Array, out: Array) -> None:
-    """Softmax over the last axis, numerically stable."""
-    xp = array_module(out)
-    xp.subtract(a, a.max(axis=-1, keepdims=True), out=out)
-    xp.exp(out, out=out)
-    xp.divide(out, out.sum(axis=-1, keepdims=True), out=out)
+def _sum(xp: ModuleType) -> Callable[..., None]:
+    add = xp.add
+
+    def sum_inputs(*args: Array) -> None:
+        *inputs, out = args
+        add(inputs[0], inputs[1], out) if len(inputs) > 1 else out.__setitem__(
+            ..., inputs[0]
+        )
+        for other in inputs[2:]:
+            add(out, other, out)
+
+    return sum_inputs
 
 
-@register_func("sum")
-def sum_all(*args: Array) -> None:
-    """Sum of every input, elementwise (all inputs share one shape), into
-    the last argument."""
-    *inputs, out = args
-    xp = array_module(out)
-    out[...] = inputs[0]
-    for other in inputs[1:]:
-        xp.add(out, other, out=out)
+def _reduce_sum(xp: ModuleType) -> Callable[..., None]:
+    def reduce_sum(a: Array, out: Array) -> None:
+        out[...] = a.sum()
+
+    return reduce_sum
 
 
-@register_func("reduce_sum")
-def reduce_sum(a: Array, out: Array) -> None:
-    """Sum of all elements of ``a`` into a scalar (or keep-shape) output."""
-    out[...] = a.sum()
+for _name, _make in (
+    ("maximum", _keyword_out("maximum")),
+    ("minimum", _keyword_out("minimum")),
+    ("relu", _relu),
+    ("sigmoid", _sigmoid),
+    ("copy", _copy),
+    ("dense", _dense),
+    ("softmax", _softmax),
+    ("sum", _sum),
+    ("reduce_sum", _reduce_sum),
+):
+    register_for_all_kinds(_name, _make)

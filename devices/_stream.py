@@ -223,9 +223,11 @@ class Stream:
             raise ClosedResourceError(f"stream {self.label} is closed")
 
     def _put(self, kind: int, a: Any, b: Any, work: float) -> None:
-        if self._closed:
-            raise ClosedResourceError(f"stream {self.label} is closed")
-        self._queue.put((kind, a, b, work))
+        # Under the lock, so nothing lands behind close()'s stop marker.
+        with self._lock:
+            if self._closed:
+                raise ClosedResourceError(f"stream {self.label} is closed")
+            self._queue.put((kind, a, b, work))
 
     def _worker(self) -> None:
         self._on_thread_start()
