@@ -20,6 +20,9 @@ from . import nd as nd
 from ._devices import cpu as cpu
 from ._devices import cuda as cuda
 from ._devices import sim as sim
+from ._factory import GraphExecutorFactory as GraphExecutorFactory
+from ._factory import build as build
+from ._factory import load_module as load_module
 from ._kernels import Module as Module
 from ._kernels import get_global_func as get_global_func
 from ._kernels import list_global_func_names as list_global_func_names
@@ -34,10 +37,12 @@ __all__ = (
     "AsyncrtError",
     "Device",
     "Event",
+    "GraphExecutorFactory",
     "Module",
     "NDArray",
     "Stream",
     "__version__",
+    "build",
     "cpu",
     "cuda",
     "device",
@@ -47,6 +52,7 @@ __all__ = (
     "graph_executor",
     "list_devices",
     "list_global_func_names",
+    "load_module",
     "load_param_dict",
     "nd",
     "register_func",

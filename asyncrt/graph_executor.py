@@ -106,6 +106,9 @@ class GraphModule:
         self._index_of = {name: i for i, name in enumerate(self._input_names)}
         self._heads = spec.heads
         self._params: dict[Entry, NDArray] = {}
+        self._all_inputs = frozenset(Entry(n, 0) for n in self._input_nids)
+        # Inputs a run must be given: every graph input that is no parameter.
+        self._required_inputs = self._all_inputs
         self._lock = threading.Lock()
         self._stateful_busy = False
         self._closed = False
@@ -297,6 +300,7 @@ class GraphModule:
 
     def _rebind(self) -> None:
         self._generation += 1
+        self._required_inputs = self._all_inputs - self._params.keys()
         self._pool.clear_idle()
 
     # -- running -----------------------------------------------------------------
@@ -338,14 +342,10 @@ class GraphModule:
 
     def _check_run_inputs(self, inputs: Mapping[str, Any]) -> list[tuple[Entry, Any]]:
         checked = [(self._input_entry(k), v) for k, v in inputs.items()]
-        given = {e for e, _ in checked}
-        missing = [
-            self._input_name(Entry(n, 0))
-            for n in self._input_nids
-            if Entry(n, 0) not in given and Entry(n, 0) not in self._params
-        ]
+        missing = self._required_inputs.difference(e for e, _ in checked)
         if missing:
-            raise InputError(f"inputs not given: {', '.join(missing)}")
+            names = sorted(self._input_name(e) for e in missing)
+            raise InputError(f"inputs not given: {', '.join(names)}")
         return [(e, self._check_value(e, v)) for e, v in checked]
 
     def _fill(self, context: RunContext, checked: list[tuple[Entry, Any]]) -> None:

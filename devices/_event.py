@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import sniffio
@@ -113,12 +114,38 @@ def call_soon_threadsafe_factory() -> Callable[[Callable[[], object]], None]:
 
 
 async def wait_completion(completion: Completion) -> None:
-    """Await ``completion`` without blocking the event loop or polling."""
-    if not completion.done:
-        woken = anyio.Event()
-        soon = call_soon_threadsafe_factory()
-        completion.add_callback(lambda _: soon(woken.set))
-        await woken.wait()
+    """Await ``completion`` without blocking the event loop or polling.
+
+    The worker thread that completes it schedules the wake-up on the loop
+    (``call_soon_threadsafe`` / trio's token). Each loop gets its native
+    primitive: this sits on every run's path, and a generic event costs a
+    measurable fraction of a small graph's run.
+    """
+    if completion.done:
+        return
+    if sniffio.current_async_library() == "asyncio":
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def wake_asyncio(_: Completion) -> None:
+            # RuntimeError: the loop is closed, nobody is left to wake.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, future)
+
+        completion.add_callback(wake_asyncio)
+        await future
+        return
+    woken = anyio.Event()
+    soon = call_soon_threadsafe_factory()
+    completion.add_callback(lambda _: soon(woken.set))
+    await woken.wait()
+
+
+def _resolve(future: Any) -> None:
+    if not future.done():  # a cancelled waiter left it cancelled
+        future.set_result(None)
 
 
 class Event:

@@ -1,0 +1,152 @@
+"""Built modules: ``asyncrt.build``, ``export_library`` and ``load_module``.
+
+A :class:`GraphExecutorFactory` is TVM's ``GraphExecutorFactoryModule``: a
+graph, its parameters, and the names of the kernels it needs. It makes
+executors (``factory.create(devices)``, or TVM's ``factory["default"](dev)``)
+and exports itself as one file that :func:`load_module` reads back.
+
+The file holds data only — graph JSON, the params blob, a manifest — never
+code: kernels are found by name when the module is loaded, in the ``lib``
+given to :func:`load_module` and then in the global registry. Loading never
+executes anything from the file (see :mod:`asyncrt._artifact`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from devices import NDArray
+
+from ._artifact import Artifact, read_artifact, write_artifact
+from ._kernels import Module, resolve
+from ._param_dict import load_param_dict, save_param_dict
+from .errors import KernelNotFoundError
+from .graph import Graph, load_graph
+from .graph_executor import DeviceSpec, GraphModule, create
+
+__all__ = ("GraphExecutorFactory", "build", "load_module")
+
+
+class GraphExecutorFactory:
+    """A graph with its parameters, ready to make executors and to export.
+
+    :param graph: the graph.
+    :param params: parameter values by name (NDArrays or numpy arrays).
+    :param lib: kernels looked up before the global registry.
+    :param metadata: free-form strings saved with the module.
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        params: Mapping[str, NDArray | np.ndarray[Any, Any]] | None = None,
+        lib: Module | None = None,
+        *,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        self.graph = graph
+        self.lib = lib
+        self._params_blob = save_param_dict(params or {})
+        self.metadata = MappingProxyType(dict(metadata or {}))
+
+    @property
+    def kernel_names(self) -> tuple[str, ...]:
+        """The kernels the graph needs, sorted."""
+        names = {
+            n.func_name
+            for n in self.graph.nodes
+            if not n.is_null and n.func_name not in ("__nop", "__copy")
+        }
+        return tuple(sorted(names))
+
+    def get_graph_json(self) -> str:
+        """The graph as TVM graph JSON."""
+        return self.graph.to_json()
+
+    def get_params(self) -> dict[str, NDArray]:
+        """The parameters, as new cpu arrays."""
+        return load_param_dict(self._params_blob)
+
+    def create(
+        self, devices: DeviceSpec = "cpu", *, max_contexts: int = 4
+    ) -> GraphModule:
+        """An executor on ``devices`` with the parameters loaded.
+
+        :raises KernelNotFoundError: if a kernel is missing for its device.
+        """
+        executor = create(self.graph, self.lib, devices, max_contexts=max_contexts)
+        try:
+            executor.load_params(self._params_blob)
+        except BaseException:
+            executor.close()
+            raise
+        return executor
+
+    def __getitem__(self, name: str) -> Callable[..., GraphModule]:
+        """TVM's ``factory["default"](dev)``."""
+        if name != "default":
+            raise KeyError(f"a graph module has only 'default', not {name!r}")
+        return self.create
+
+    def export_library(self, path: str | os.PathLike[str]) -> None:
+        """Write the module to one file (graph, params, kernel names).
+
+        :raises ArtifactError: if it cannot be written.
+        """
+        write_artifact(
+            path,
+            Artifact(
+                graph_json=self.get_graph_json(),
+                params=self._params_blob,
+                kernels=self.kernel_names,
+                device_kinds=(),
+                metadata=self.metadata,
+            ),
+        )
+
+
+def build(
+    graph: Graph | str | bytes | Mapping[str, Any],
+    params: Mapping[str, NDArray | np.ndarray[Any, Any]] | None = None,
+    lib: Module | None = None,
+) -> GraphExecutorFactory:
+    """Bundle a graph, its parameters and kernels into a factory.
+
+    :raises GraphError: if the graph is malformed.
+    """
+    loaded = graph if isinstance(graph, Graph) else load_graph(graph)
+    return GraphExecutorFactory(loaded, params, lib)
+
+
+def load_module(
+    path: str | os.PathLike[str], lib: Module | None = None
+) -> GraphExecutorFactory:
+    """Load a module written by :meth:`GraphExecutorFactory.export_library`.
+
+    Kernels are found by name, in ``lib`` and then in the global registry;
+    nothing from the file is executed.
+
+    :raises ArtifactError: if the file is malformed or tampered with.
+    :raises GraphError: if its graph is malformed.
+    :raises ParamsError: if its params are corrupt.
+    :raises KernelNotFoundError: if a kernel it needs is registered nowhere.
+    """
+    artifact = read_artifact(path)
+    graph = load_graph(artifact.graph_json)
+    params = load_param_dict(artifact.params)
+    factory = GraphExecutorFactory(graph, params, lib, metadata=artifact.metadata)
+    missing = [
+        name
+        for name in factory.kernel_names
+        if not any(resolve(name, kind, lib) for kind in ("cpu", "sim", "cuda"))
+    ]
+    if missing:
+        raise KernelNotFoundError(
+            f"{os.fspath(path)} needs kernels registered nowhere: {', '.join(missing)}"
+        )
+    return factory
