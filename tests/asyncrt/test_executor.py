@@ -290,3 +290,46 @@ def test_plan_prints_and_renders() -> None:
         text = str(ex.plan)
         assert "arena cpu:0" in text and "relu0 = relu(" in text
         assert ex.plan.to_dot().startswith("digraph plan {")
+
+
+class DLPackOnly:
+    """A tensor that offers nothing but the DLPack protocol."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._array.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._array.__dlpack_device__()
+
+
+@pytest.mark.anyio
+async def test_dlpack_inputs_are_accepted() -> None:
+    with make() as ex:
+        x = np.arange(N, dtype=np.float32) / N
+        outs = await ex.run(x=DLPackOnly(x))
+        assert outs is not None
+        np.testing.assert_allclose(outs[0].numpy(), reference(x, C, W)[0], rtol=1e-6)
+
+
+def test_share_params_uses_the_same_memory() -> None:
+    blob = asyncrt.save_param_dict(PARAMS)
+    with make() as first, graph_executor.create(mlp_graph()) as second:
+        second.share_params(first, blob)
+        assert second.get_input("w").buffer is first.get_input("w").buffer
+        x = np.ones(N, dtype=np.float32)
+        got = second.run_sync(x=x)
+        assert got is not None
+        np.testing.assert_allclose(got[0].numpy(), reference(x, C, W)[0], rtol=1e-6)
+        with pytest.raises(InputError, match="no parameter 'x' loaded"):
+            second.share_params(first, asyncrt.save_param_dict({"x": x}))
+
+
+def test_params_blob_round_trip_and_corruption() -> None:
+    blob = asyncrt.save_param_dict({"w": asyncrt.nd.array(W, asyncrt.sim(0))})
+    loaded = asyncrt.load_param_dict(blob)
+    np.testing.assert_array_equal(loaded["w"].numpy(), W)
+    with pytest.raises(asyncrt.errors.ParamsError, match="byte offset"):
+        asyncrt.load_param_dict(blob[:-3])
