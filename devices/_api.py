@@ -57,6 +57,7 @@ STANDARD_ATTRIBUTES: tuple[str, ...] = (
     "flops",
     "host_bandwidth",
     "host_latency",
+    "launch_overhead",
 )
 
 

@@ -9,8 +9,10 @@ machine without a GPU. Each ``sim:N`` has
 * a memory capacity, enforced (``OutOfMemoryError`` when exceeded);
 * its own streams (worker threads);
 * a timing model that really takes time: a call that says it does ``work``
-  floating-point operations lasts at least ``launch_overhead + work / flops``
-  seconds, and a copy lasts at least ``latency + nbytes / bandwidth``. Work
+  floating-point operations (``work > 0``) lasts at least
+  ``launch_overhead + work / flops`` seconds, and a copy lasts at least
+  ``latency + nbytes / bandwidth``; a call without a work estimate takes its
+  real time. Work
   runs on the host, then the stream sleeps away the rest of the modelled
   time, so a simulated device that is "busy" costs no host CPU and several
   of them overlap like separate chips. The model is exact by construction,
@@ -159,6 +161,7 @@ class SimDeviceAPI(DeviceAPI):
             "flops": config.flops,
             "host_bandwidth": config.bandwidth,
             "host_latency": config.latency,
+            "launch_overhead": config.launch_overhead,
         }
 
     def _free_bytes(self, device: Device) -> int | None:
