@@ -8,11 +8,10 @@ machine without a GPU. Each ``sim:N`` has
   kernels see them only while they run on one of the device's streams;
 * a memory capacity, enforced (``OutOfMemoryError`` when exceeded);
 * its own streams (worker threads);
-* a timing model that really takes time: a call that says it does ``work``
-  floating-point operations (``work > 0``) lasts at least
-  ``launch_overhead + work / flops`` seconds, and a copy lasts at least
-  ``latency + nbytes / bandwidth``; a call without a work estimate takes its
-  real time. Work
+* a timing model that really takes time: every call on a stream lasts at
+  least ``launch_overhead + work / flops`` seconds, where ``work`` is the
+  floating-point operations it says it does (0 if it does not say), and a
+  copy lasts at least ``latency + nbytes / bandwidth``. Work
   runs on the host, then the stream sleeps away the rest of the modelled
   time, so a simulated device that is "busy" costs no host CPU and several
   of them overlap like separate chips. The model is exact by construction,
@@ -107,8 +106,9 @@ class SimStream(Stream):
     ) -> None:
         start = time.perf_counter()
         fn(*args)
-        if work:
-            _sleep_until(start + self._config.compute_seconds(work))
+        seconds = self._config.compute_seconds(work)
+        if seconds > 0:
+            _sleep_until(start + seconds)
 
 
 class SimDeviceAPI(DeviceAPI):

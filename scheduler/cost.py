@@ -274,8 +274,7 @@ class AnalyticCostModel:
         :param nid: the node.
         :param device: the device.
         :return: 0 for null and ``__nop`` nodes; ``inf`` where ``supported``
-            says no; 0 when ``flops`` is 0 (the sim does not model such
-            calls either); else ``launch_overhead + flops / speed``.
+            says no; else ``launch_overhead + flops / speed``.
         :raises PlanError: if the model has no speed for ``device``.
         """
         speed = self._speed(device)
@@ -284,8 +283,7 @@ class AnalyticCostModel:
             return 0.0
         if not self._supported(nid, device):
             return math.inf
-        # As on the sim: a call with no work estimate is not modelled.
-        return speed.compute_seconds(spec.flops) if spec.flops > 0 else 0.0
+        return speed.compute_seconds(spec.flops)
 
     def transfer_time(self, nbytes: int, src: Device, dst: Device) -> float:
         """Seconds to copy ``nbytes`` from ``src`` to ``dst``.
