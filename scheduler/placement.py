@@ -313,9 +313,9 @@ class _Timeline:
         self.finishes: list[float] = []
 
     def earliest(self, ready: float, duration: float) -> float:
-        """The earliest start ``>= ready`` of an idle gap ``duration`` long."""
-        if duration <= 0:
-            return ready
+        """The earliest start ``>= ready`` of an idle gap ``duration`` long
+        (for ``duration`` 0: the earliest idle instant, never inside a busy
+        interval)."""
         t = ready
         for j in range(bisect_right(self.finishes, ready), len(self.starts)):
             if t + duration <= self.starts[j]:
