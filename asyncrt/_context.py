@@ -97,15 +97,9 @@ class ContextPool:
         :raises ClosedResourceError: if the pool is closed.
         """
         self._check_open()
-        if self._idle and not self._waiters:
-            return self._idle.pop()
-        if self._count < self.limit and not self._waiters:
-            self._count += 1
-            try:
-                return self._make()
-            except BaseException:
-                self._count -= 1
-                raise
+        context = self._take_without_waiting()
+        if context is not None:
+            return context
         waiter = _Waiter()
         self._waiters.append(waiter)
         try:
@@ -120,9 +114,9 @@ class ContextPool:
             raise ClosedResourceError("the executor was closed while waiting")
         return waiter.context
 
-    def acquire_nowait(self) -> RunContext | None:
-        """Borrow a context without waiting, or ``None`` if none is free."""
-        self._check_open()
+    def _take_without_waiting(self) -> RunContext | None:
+        """An idle context, or a new one if under the limit; ``None`` if the
+        caller must queue (also when others queue already: fairness)."""
         if self._waiters:
             return None
         if self._idle:
