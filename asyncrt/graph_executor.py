@@ -40,6 +40,7 @@ import numpy as np
 from devices import Device, NDArray, empty, from_dlpack, numpy_dtype
 from scheduler.dag import Entry, graph_spec, node_spec
 from scheduler.dispatch import Kernel
+from scheduler.placement import Policy
 from scheduler.plan import Plan
 from scheduler.planner import plan_graph
 
@@ -60,6 +61,8 @@ def create(
     devices: DeviceSpec = "cpu",
     *,
     max_contexts: int = 4,
+    policy: str | Policy = "auto",
+    max_streams: int = 1,
 ) -> GraphModule:
     """Create an executor (TVM's ``graph_executor.create``).
 
@@ -69,12 +72,25 @@ def create(
         the global registry only.
     :param devices: one device or a list; the first faces the host.
     :param max_contexts: how many runs may be in flight at once.
+    :param policy: how nodes are placed on several devices: ``"auto"`` (the
+        better of HEFT and PEFT, never worse than the fastest single
+        device), ``"heft"``, ``"peft"``, ``"fastest"``, ``"single"``, or a
+        callable (:data:`scheduler.placement.Policy`).
+    :param max_streams: compute streams per device; independent branches
+        run on different streams.
     :raises GraphError: if the graph is malformed.
     :raises KernelNotFoundError: if a node's kernel is missing for its device.
     :raises PlanError: if the graph cannot be planned on these devices.
     """
     loaded = graph if isinstance(graph, Graph) else load_graph(graph)
-    return GraphModule(loaded, lib, _devices(devices), max_contexts=max_contexts)
+    return GraphModule(
+        loaded,
+        lib,
+        _devices(devices),
+        max_contexts=max_contexts,
+        policy=policy,
+        max_streams=max_streams,
+    )
 
 
 def _devices(spec: DeviceSpec) -> tuple[Device, ...]:
@@ -95,10 +111,23 @@ class GraphModule:
         devices: Sequence[Device],
         *,
         max_contexts: int = 4,
+        policy: str | Policy = "auto",
+        max_streams: int = 1,
     ) -> None:
         self.graph = graph
         self._dag = to_dag(graph)
-        self.plan: Plan = plan_graph(self._dag, devices)
+
+        def supported(nid: int, device: Device) -> bool:
+            spec = node_spec(self._dag, nid)
+            return resolve(spec.func_name, device.kind, lib) is not None
+
+        self.plan: Plan = plan_graph(
+            self._dag,
+            devices,
+            policy=policy,
+            max_streams=max_streams,
+            supported=supported,
+        )
         self._kernels = self._resolve_kernels(lib)
         spec = graph_spec(self._dag)
         self._input_nids: tuple[int, ...] = self.plan.inputs

@@ -14,41 +14,67 @@ Passes, each a small function over the DAG or the plan being built:
    (:mod:`scheduler.storage`); graph inputs and parameters are external;
    ``__nop`` outputs alias their input.
 
-Policies beyond a single device (HEFT, lookahead) and cross-device copies
-build on these passes.
+With one device and one stream the order is the whole story, and storage
+comes from exact interval liveness. Otherwise the placement policy
+(:mod:`scheduler.placement`) decides devices, :mod:`scheduler.lowering` adds
+copies, streams and events, and storage is planned per device from the
+happens-before order those streams and events really guarantee
+(:mod:`scheduler.happens_before`): two tensors share bytes only if every
+access of one surely precedes the write of the other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import networkx as nx
 
 from devices import Device
 
+from .cost import AnalyticCostModel, CostModel
 from .dag import Entry, TensorSpec, graph_spec, node_spec
 from .errors import PlanError
+from .happens_before import HappensBefore, LaunchRef
 from .liveness import compute_liveness, default_order
+from .lowering import lower
+from .placement import Policy, place
 from .plan import Arena, Launch, Plan, StreamPlan, TensorPlacement
+from .storage import Conflicts, StorageRequest, plan_offsets
 
 __all__ = ("plan_graph",)
 
 
-def plan_graph(dag: nx.DiGraph, devices: Sequence[Device]) -> Plan:
+def plan_graph(
+    dag: nx.DiGraph,
+    devices: Sequence[Device],
+    *,
+    policy: str | Policy = "auto",
+    max_streams: int = 1,
+    supported: Callable[[int, Device], bool] | None = None,
+    cost: CostModel | None = None,
+) -> Plan:
     """Plan a DAG onto devices; the first device faces the host.
 
     :param dag: the graph (:func:`scheduler.dag.make_dag`).
     :param devices: the devices, host-facing first.
+    :param policy: the placement policy, by name or as a callable (see
+        :func:`scheduler.placement.get_policy`).
+    :param max_streams: compute streams per device.
+    :param supported: whether node ``nid`` can run on a device (kernels
+        available only on some kinds); default: everywhere.
+    :param cost: the cost model; default: analytic, from the devices'
+        attributes.
     :return: the plan.
-    :raises PlanError: if no device is given, or a node is pinned to a device
-        not given.
+    :raises PlanError: if no device is given, a node is pinned to a device
+        not given, or a node can run nowhere.
     """
     if not devices:
         raise PlanError("no device to plan onto")
-    if len(devices) > 1:
-        raise PlanError(
-            "planning across several devices is not available yet; pass one device"
-        )
+    if max_streams < 1:
+        raise PlanError(f"max_streams must be >= 1, got {max_streams}")
+    if len(devices) > 1 or max_streams > 1:
+        model = cost or AnalyticCostModel.from_devices(dag, devices, supported)
+        return _plan_streams(dag, tuple(devices), policy, max_streams, model)
     device = devices[0]
     placement = {nid: device for nid in dag.nodes}
     for nid in dag.nodes:
@@ -107,3 +133,114 @@ def plan_graph(dag: nx.DiGraph, devices: Sequence[Device]) -> Plan:
         inputs=tuple(n for n in order if node_spec(dag, n).is_null),
         heads=graph.heads,
     )
+
+
+def _plan_streams(
+    dag: nx.DiGraph,
+    devices: tuple[Device, ...],
+    policy: str | Policy,
+    max_streams: int,
+    cost: CostModel,
+) -> Plan:
+    """Several devices or streams: place, lower, then plan storage."""
+    placement = place(dag, devices, cost, policy)
+    lowered = lower(dag, devices, placement.device_of, placement.start, max_streams)
+    inputs = tuple(
+        n for n in nx.lexicographical_topological_sort(dag) if node_spec(dag, n).is_null
+    )
+    storage: dict[Entry, TensorPlacement] = {}
+    for entry, device in lowered.location.items():
+        if entry.nid in inputs:
+            storage[entry] = TensorPlacement(device, "external")
+    for entry, owner in lowered.aliases.items():
+        storage[entry] = TensorPlacement(
+            lowered.location[owner], "alias", alias_of=owner
+        )
+    skeleton = Plan(
+        host=devices[0],
+        devices=devices,
+        placement=placement.device_of,
+        streams=lowered.streams,
+        order=lowered.order,
+        num_events=lowered.num_events,
+        tensors=lowered.tensors,
+        storage={},
+        arenas={},
+        inputs=inputs,
+        heads=lowered.heads,
+    )
+    order = HappensBefore(skeleton)
+    arenas: dict[Device, Arena] = {}
+    for device in devices:
+        offsets, arena = _plan_device_storage(
+            device,
+            lowered.location,
+            lowered.aliases,
+            lowered.heads,
+            lowered.tensors,
+            order,
+            storage,
+        )
+        for entry, offset in offsets.items():
+            storage[entry] = TensorPlacement(device, "arena", offset=offset)
+        if arena.size:
+            arenas[device] = arena
+    return Plan(
+        host=devices[0],
+        devices=devices,
+        placement=placement.device_of,
+        streams=lowered.streams,
+        order=lowered.order,
+        num_events=lowered.num_events,
+        tensors=lowered.tensors,
+        storage=storage,
+        arenas=arenas,
+        inputs=inputs,
+        heads=lowered.heads,
+    )
+
+
+def _plan_device_storage(
+    device: Device,
+    location: Mapping[Entry, Device],
+    aliases: Mapping[Entry, Entry],
+    heads: tuple[Entry, ...],
+    tensors: Mapping[Entry, TensorSpec],
+    order: HappensBefore,
+    fixed: Mapping[Entry, TensorPlacement],
+) -> tuple[dict[Entry, int], Arena]:
+    """Offsets for one device's tensors: two tensors conflict unless every
+    access of one happens before the other is written."""
+    writer: dict[Entry, LaunchRef] = {}
+    touches: dict[Entry, list[LaunchRef]] = {}
+    for ref, launch in order.launch_at.items():
+        for position, entry in enumerate(launch.args):
+            owner = aliases.get(entry, entry)
+            touches.setdefault(owner, []).append(ref)
+            if position >= launch.num_inputs:
+                writer[owner] = ref
+    live_forever = {aliases.get(h, h) for h in heads}
+    # Outputs of aliased tensors keep the larger size of the two views.
+    size: dict[Entry, int] = {}
+    for entry, owner in [*((e, e) for e in tensors), *aliases.items()]:
+        if owner in fixed and fixed[owner].where == "external":
+            continue
+        if location.get(owner) == device and owner in writer:
+            size[owner] = max(size.get(owner, 0), tensors[entry].nbytes)
+    entries = sorted(size, key=lambda e: (e.nid, e.index))
+
+    def done_before(first: Entry, second: Entry) -> bool:
+        if first in live_forever:
+            return False
+        target = writer[second]
+        return all(order.before(t, target) for t in touches[first])
+
+    pairs = [
+        (a, b)
+        for i, a in enumerate(entries)
+        for b in entries[i + 1 :]
+        if not (done_before(a, b) or done_before(b, a))
+    ]
+    requests = [StorageRequest(e, size[e]) for e in entries]
+    arena_plan = plan_offsets(requests, Conflicts.from_pairs(pairs))
+    return dict(arena_plan.offsets), Arena(arena_plan.size, arena_plan.lower_bound)

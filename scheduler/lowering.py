@@ -1,0 +1,290 @@
+"""Lowering a placement: copies, streams and events.
+
+Given where every node runs (:mod:`scheduler.placement`), this pass decides
+the launches and how the streams order them:
+
+1. **Copies.** A tensor read on a device other than its own gets one
+   ``__copy`` launch per consumer *device* (not per consumer); every
+   consumer on that device reads the copy. Graph outputs computed away from
+   the host are copied back to it.
+2. **Issue order.** Launches are taken in the order the placement predicted
+   them to start (ties by topological position): a topological order, so a
+   producer always comes before its consumers.
+3. **Streams.** Each device gets up to ``max_streams`` compute streams and
+   one copy stream, so transfers overlap compute. A node continues the
+   stream of a same-device producer whose stream it would directly follow
+   (a chain stays on one stream); otherwise it opens a new stream or takes
+   the one that frees up first (independent branches spread out).
+4. **Events.** A dependency between two streams becomes a record after the
+   producer and a wait before the consumer (SyncStreamFromTo) — unless the
+   consumer's stream already waits for a later point of the producer's
+   stream, directly or through other waits. Vector clocks track what every
+   stream is already guaranteed to have seen, so no redundant wait is
+   emitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+
+from devices import Device
+
+from .dag import Entry, TensorSpec, graph_spec, node_spec
+from .plan import Launch, RecordEvent, Step, StreamPlan, WaitEvent
+
+__all__ = ("Lowered", "lower")
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """The launches of a placed graph, on streams, with events.
+
+    :ivar streams: every stream's steps.
+    :ivar order: the issue order, ``(stream, step index)`` pairs.
+    :ivar num_events: events used.
+    :ivar location: the device of every tensor (copies included).
+    :ivar tensors: shape and dtype of every tensor (copies included).
+    :ivar aliases: ``__nop`` outputs and the tensor whose storage they use.
+    :ivar heads: the graph's outputs, as tensors on the host.
+    """
+
+    streams: tuple[StreamPlan, ...]
+    order: tuple[tuple[int, int], ...]
+    num_events: int
+    location: Mapping[Entry, Device]
+    tensors: Mapping[Entry, TensorSpec]
+    aliases: Mapping[Entry, Entry]
+    heads: tuple[Entry, ...]
+
+
+def lower(
+    dag: nx.DiGraph,
+    devices: Sequence[Device],
+    device_of: Mapping[int, Device],
+    start: Mapping[int, float],
+    max_streams: int = 2,
+) -> Lowered:
+    """Lower a placement to streams (see the module docstring).
+
+    :param dag: the graph.
+    :param devices: the devices, host first.
+    :param device_of: each node's device.
+    :param start: each node's predicted start (orders the launches).
+    :param max_streams: compute streams per device, at least 1.
+    :return: the lowered plan parts.
+    """
+    host = devices[0]
+    topo = {n: i for i, n in enumerate(nx.lexicographical_topological_sort(dag))}
+    next_id = max(dag.nodes, default=-1) + 1
+    tensors: dict[Entry, TensorSpec] = {}
+    location: dict[Entry, Device] = {}
+    aliases: dict[Entry, Entry] = {}
+    launches: list[
+        tuple[float, int, Launch, Device, bool]
+    ] = []  # time, topo, ..., is_copy
+    copies: dict[tuple[Entry, Device], Entry] = {}
+
+    def root(entry: Entry) -> Entry:
+        return aliases.get(entry, entry)
+
+    def on_device(entry: Entry, device: Device, when: float, rank: int) -> Entry:
+        """``entry`` as readable on ``device``: itself, or a copy made once."""
+        if location[root(entry)] == device:
+            return entry
+        key = (entry, device)
+        if key not in copies:
+            nonlocal next_id
+            copy = Entry(next_id, 0)
+            next_id += 1
+            copies[key] = copy
+            tensors[copy] = tensors[entry]
+            location[copy] = device
+            launch = Launch(
+                nid=copy.nid,
+                name=f"copy_{entry.nid}_{entry.index}_to_{device.kind}{device.index}",
+                func_name="__copy",
+                args=(entry, copy),
+                num_inputs=1,
+            )
+            launches.append((when, rank, launch, device, True))
+        return copies[key]
+
+    for nid in sorted(dag.nodes, key=topo.__getitem__):
+        spec = node_spec(dag, nid)
+        outputs = [Entry(nid, i) for i in range(len(spec.outputs))]
+        for entry, tensor in zip(outputs, spec.outputs, strict=True):
+            tensors[entry] = tensor
+        if spec.is_null:
+            location[outputs[0]] = host
+            for entry in outputs:
+                location[entry] = host
+            continue
+        if spec.is_nop:
+            aliases[outputs[0]] = root(spec.inputs[0])
+            continue
+        device = device_of[nid]
+        for entry in outputs:
+            location[entry] = device
+        when = start.get(nid, 0.0)
+        inputs = tuple(on_device(e, device, when, topo[nid]) for e in spec.inputs)
+        launch = Launch(
+            nid=nid,
+            name=spec.name,
+            func_name=spec.func_name,
+            args=(*inputs, *outputs),
+            num_inputs=len(inputs),
+            work=spec.flops,
+        )
+        launches.append((when, topo[nid], launch, device, False))
+    final = len(topo)
+    heads = tuple(
+        on_device(h, host, float("inf"), final) for h in graph_spec(dag).heads
+    )
+    # Copies take their consumer's time and rank, so they sort just before it;
+    # their sources are produced earlier still.
+    launches.sort(key=lambda item: (item[0], item[1], not item[4]))
+    return _assign_streams(
+        launches, devices, max_streams, tensors, location, aliases, heads
+    )
+
+
+def _assign_streams(
+    launches: list[tuple[float, int, Launch, Device, bool]],
+    devices: Sequence[Device],
+    max_streams: int,
+    tensors: dict[Entry, TensorSpec],
+    location: dict[Entry, Device],
+    aliases: dict[Entry, Entry],
+    heads: tuple[Entry, ...],
+) -> Lowered:
+    stream_device: list[Device] = []
+    compute: dict[Device, list[int]] = {d: [] for d in devices}
+    copy_stream: dict[Device, int] = {}
+    last_on: list[int] = []  # per stream: nid of its last launch
+    free_at: list[float] = []
+    producer: dict[Entry, int] = {}  # owning entry -> producing launch nid
+    stream_of: dict[int, int] = {}
+    position: dict[int, int] = {}
+    per_stream: list[list[Launch]] = []
+
+    def new_stream(device: Device) -> int:
+        stream_device.append(device)
+        last_on.append(-1)
+        free_at.append(0.0)
+        per_stream.append([])
+        return len(stream_device) - 1
+
+    def root(entry: Entry) -> Entry:
+        return aliases.get(entry, entry)
+
+    for when, _, launch, device, is_copy in launches:
+        deps = [
+            producer[root(e)]
+            for e in launch.args[: launch.num_inputs]
+            if root(e) in producer
+        ]
+        if is_copy:
+            if device not in copy_stream:
+                copy_stream[device] = new_stream(device)
+            stream = copy_stream[device]
+        else:
+            chained = [
+                stream_of[p]
+                for p in deps
+                if stream_of[p] in compute[device] and last_on[stream_of[p]] == p
+            ]
+            if chained:
+                stream = chained[0]
+            elif len(compute[device]) < max_streams:
+                stream = new_stream(device)
+                compute[device].append(stream)
+            else:
+                stream = min(compute[device], key=lambda s: free_at[s])
+        stream_of[launch.nid] = stream
+        position[launch.nid] = len(per_stream[stream])
+        per_stream[stream].append(launch)
+        last_on[stream] = launch.nid
+        free_at[stream] = when
+        for entry in launch.args[launch.num_inputs :]:
+            producer[root(entry)] = launch.nid
+    return _place_events(
+        per_stream,
+        stream_device,
+        launches,
+        stream_of,
+        position,
+        producer,
+        tensors,
+        location,
+        aliases,
+        heads,
+    )
+
+
+def _place_events(
+    per_stream: list[list[Launch]],
+    stream_device: list[Device],
+    launches: list[tuple[float, int, Launch, Device, bool]],
+    stream_of: dict[int, int],
+    position: dict[int, int],
+    producer: dict[Entry, int],
+    tensors: dict[Entry, TensorSpec],
+    location: dict[Entry, Device],
+    aliases: dict[Entry, Entry],
+    heads: tuple[Entry, ...],
+) -> Lowered:
+    count = len(per_stream)
+    clock = [[0] * count for _ in range(count)]
+    after: dict[int, list[int]] = {}  # launch nid -> clock of its stream after it
+    waits: dict[int, list[int]] = {}  # consumer nid -> producer nids to wait for
+    records: set[int] = set()
+    for _, _, launch, _, _ in launches:
+        stream = stream_of[launch.nid]
+        latest: dict[int, int] = {}  # per other stream, the latest producer read
+        for entry in launch.args[: launch.num_inputs]:
+            source = producer.get(aliases.get(entry, entry))
+            if source is None or stream_of[source] == stream:
+                continue
+            other = stream_of[source]
+            latest[other] = max(position[source], latest.get(other, -1))
+        needed = []
+        for other, pos in sorted(latest.items()):
+            if clock[stream][other] > pos:
+                continue  # already ordered through earlier waits
+            source = per_stream[other][pos].nid
+            needed.append(source)
+            records.add(source)
+            clock[stream] = [
+                max(a, b) for a, b in zip(clock[stream], after[source], strict=True)
+            ]
+        if needed:
+            waits[launch.nid] = needed
+        clock[stream][stream] = position[launch.nid] + 1
+        after[launch.nid] = list(clock[stream])
+
+    event_of = {nid: i for i, nid in enumerate(sorted(records))}
+    steps: list[list[Step]] = [[] for _ in range(count)]
+    order: list[tuple[int, int]] = []
+    for _, _, launch, _, _ in launches:
+        stream = stream_of[launch.nid]
+        for source in waits.get(launch.nid, ()):
+            order.append((stream, len(steps[stream])))
+            steps[stream].append(WaitEvent(event_of[source]))
+        order.append((stream, len(steps[stream])))
+        steps[stream].append(launch)
+        if launch.nid in event_of:
+            order.append((stream, len(steps[stream])))
+            steps[stream].append(RecordEvent(event_of[launch.nid]))
+    streams = tuple(StreamPlan(stream_device[s], tuple(steps[s])) for s in range(count))
+    return Lowered(
+        streams=streams,
+        order=tuple(order),
+        num_events=len(event_of),
+        location=location,
+        tensors=tensors,
+        aliases=aliases,
+        heads=heads,
+    )
