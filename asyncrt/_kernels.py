@@ -12,18 +12,26 @@ each kind may have its own.
 
 ``graph_executor.create(graph, lib, devices)`` resolves every node's
 ``func_name`` in ``lib`` first, then in the global registry.
+
+A kernel may also declare its work: ``flops(inputs, outputs) -> float``
+over the tensors' specs (shape, dtype). Placement policies turn work into
+time per device; without a declaration a node counts one operation per
+output element.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, overload
+
+from scheduler.dag import TensorSpec
 
 from .errors import KernelNotFoundError
 
 __all__ = (
     "ALL_KINDS",
+    "FlopsFunction",
     "Kernel",
     "Module",
     "get_global_func",
@@ -32,6 +40,8 @@ __all__ = (
 )
 
 Kernel = Callable[..., Any]
+#: ``flops(inputs, outputs)``: a kernel's work, from its tensors' specs.
+FlopsFunction = Callable[[Sequence[TensorSpec], Sequence[TensorSpec]], float]
 _K = TypeVar("_K", bound=Kernel)
 
 #: The kinds a kernel registers for when none are named.
@@ -53,6 +63,7 @@ class Module:
         kinds: Iterable[str] = ALL_KINDS,
     ) -> None:
         self._table: dict[str, dict[str, Kernel]] = {}
+        self._flops: dict[str, FlopsFunction] = {}
         default_kinds = tuple(kinds)
         for name, entry in (kernels or {}).items():
             if callable(entry):
@@ -85,9 +96,11 @@ class Module:
         *,
         kinds: Iterable[str] = ALL_KINDS,
         override: bool = False,
+        flops: FlopsFunction | None = None,
     ) -> None:
         """Add a kernel for some device kinds.
 
+        :param flops: the kernel's work from its tensors' specs, if known.
         :raises ValueError: if ``name`` already has a kernel for one of the
             kinds and ``override`` is false, or ``kernel`` is not callable.
         """
@@ -98,6 +111,12 @@ class Module:
             if kind in per_kind and not override and per_kind[kind] is not kernel:
                 raise ValueError(f"kernel {name!r} is already registered for {kind!r}")
             per_kind[kind] = kernel
+        if flops is not None:
+            self._flops[name] = flops
+
+    def flops_function(self, name: str) -> FlopsFunction | None:
+        """The work estimate declared for ``name``, if any."""
+        return self._flops.get(name)
 
     def find(self, name: str, kind: str) -> Kernel | None:
         """The kernel for ``name`` on ``kind``, or ``None``."""
@@ -127,7 +146,11 @@ _global_lock = threading.Lock()
 
 @overload
 def register_func(
-    name: str, *, kinds: Iterable[str] = ALL_KINDS, override: bool = False
+    name: str,
+    *,
+    kinds: Iterable[str] = ALL_KINDS,
+    override: bool = False,
+    flops: FlopsFunction | None = None,
 ) -> Callable[[_K], _K]: ...
 
 
@@ -138,6 +161,7 @@ def register_func(
     *,
     kinds: Iterable[str] = ALL_KINDS,
     override: bool = False,
+    flops: FlopsFunction | None = None,
 ) -> _K: ...
 
 
@@ -147,6 +171,7 @@ def register_func(
     *,
     kinds: Iterable[str] = ALL_KINDS,
     override: bool = False,
+    flops: FlopsFunction | None = None,
 ) -> _K | Callable[[_K], _K]:
     """Register a kernel in the global registry, as TVM's ``register_func``.
 
@@ -157,6 +182,7 @@ def register_func(
     :param kernel: the kernel; omit to get a decorator.
     :param kinds: the device kinds it serves.
     :param override: replace an existing registration.
+    :param flops: the kernel's work from its tensors' specs, if known.
     :raises ValueError: if the name is taken for a kind and ``override`` is
         false.
     """
@@ -164,7 +190,7 @@ def register_func(
 
     def decorate(func: _K) -> _K:
         with _global_lock:
-            _global.add(name, func, kinds=chosen, override=override)
+            _global.add(name, func, kinds=chosen, override=override, flops=flops)
         return func
 
     return decorate if kernel is None else decorate(kernel)
@@ -194,3 +220,9 @@ def resolve(name: str, kind: str, lib: Module | None) -> Kernel | None:
         if kernel is not None:
             return kernel
     return _global.find(name, kind)
+
+
+def resolve_flops(name: str, lib: Module | None) -> FlopsFunction | None:
+    """The work estimate for ``name``: ``lib`` first, then the registry."""
+    found = lib.flops_function(name) if lib is not None else None
+    return found if found is not None else _global.flops_function(name)

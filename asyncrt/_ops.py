@@ -17,13 +17,16 @@ set covers elementwise math, matmul, bias, softmax, reductions and copies.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from ._kernels import register_func
+from scheduler.dag import TensorSpec
+
+from ._kernels import FlopsFunction, register_func
 
 __all__ = ("register_for_all_kinds",)
 
@@ -47,32 +50,46 @@ class _CupyKernel:
         kernel(*args)
 
 
-def register_for_all_kinds(name: str, make: KernelFactory) -> None:
+def register_for_all_kinds(
+    name: str, make: KernelFactory, flops: FlopsFunction | None = None
+) -> None:
     """Register ``make(numpy)`` for cpu and sim, ``make(cupy)`` for cuda."""
-    register_func(name, make(np), kinds=("cpu", "sim"))
-    register_func(name, _CupyKernel(make), kinds=("cuda",))
+    register_func(name, make(np), kinds=("cpu", "sim"), flops=flops)
+    register_func(name, _CupyKernel(make), kinds=("cuda",), flops=flops)
+
+
+def _matmul_flops(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]) -> float:
+    """A multiply and an add per output element per reduced element."""
+    return 2.0 * outs[0].size * (ins[0].shape[-1] if ins[0].shape else 1)
+
+
+def _per_element(cost: float) -> FlopsFunction:
+    """Elementwise work, weighted (transcendental functions cost more)."""
+    return lambda ins, outs: cost * math.fsum(o.size for o in outs)
 
 
 def _ufunc(ufunc: str) -> KernelFactory:
     return lambda xp: getattr(xp, ufunc)
 
 
-for _name, _func in (
-    ("add", "add"),
-    ("subtract", "subtract"),
-    ("multiply", "multiply"),
-    ("divide", "divide"),
-    ("power", "power"),
-    ("negative", "negative"),
-    ("exp", "exp"),
-    ("log", "log"),
-    ("sqrt", "sqrt"),
-    ("tanh", "tanh"),
-    ("abs", "absolute"),
-    ("matmul", "matmul"),
-    ("bias_add", "add"),  # bias broadcast over the last axis
+_TRANSCENDENTAL = _per_element(20.0)  # roughly, against a multiply-add
+
+for _name, _func, _flops in (
+    ("add", "add", None),
+    ("subtract", "subtract", None),
+    ("multiply", "multiply", None),
+    ("divide", "divide", None),
+    ("power", "power", _TRANSCENDENTAL),
+    ("negative", "negative", None),
+    ("exp", "exp", _TRANSCENDENTAL),
+    ("log", "log", _TRANSCENDENTAL),
+    ("sqrt", "sqrt", None),
+    ("tanh", "tanh", _TRANSCENDENTAL),
+    ("abs", "absolute", None),
+    ("matmul", "matmul", _matmul_flops),
+    ("bias_add", "add", None),  # bias broadcast over the last axis
 ):
-    register_for_all_kinds(_name, _ufunc(_func))
+    register_for_all_kinds(_name, _ufunc(_func), _flops)
 
 
 def _keyword_out(ufunc: str) -> KernelFactory:
@@ -154,15 +171,15 @@ def _reduce_sum(xp: ModuleType) -> Callable[..., None]:
     return reduce_sum
 
 
-for _name, _make in (
-    ("maximum", _keyword_out("maximum")),
-    ("minimum", _keyword_out("minimum")),
-    ("relu", _relu),
-    ("sigmoid", _sigmoid),
-    ("copy", _copy),
-    ("dense", _dense),
-    ("softmax", _softmax),
-    ("sum", _sum),
-    ("reduce_sum", _reduce_sum),
+for _name, _make, _flops in (
+    ("maximum", _keyword_out("maximum"), None),
+    ("minimum", _keyword_out("minimum"), None),
+    ("relu", _relu, None),
+    ("sigmoid", _sigmoid, _TRANSCENDENTAL),
+    ("copy", _copy, None),
+    ("dense", _dense, _matmul_flops),
+    ("softmax", _softmax, _TRANSCENDENTAL),
+    ("sum", _sum, None),
+    ("reduce_sum", _reduce_sum, None),
 ):
-    register_for_all_kinds(_name, _make)
+    register_for_all_kinds(_name, _make, _flops)

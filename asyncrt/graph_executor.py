@@ -47,6 +47,7 @@ from scheduler.planner import plan_graph
 from ._context import ContextPool, RunContext
 from ._kernels import Module, resolve
 from ._params import decode_params
+from ._work import annotate_work
 from .errors import BusyError, ClosedResourceError, InputError, KernelNotFoundError
 from .graph import Graph, load_graph, to_dag
 
@@ -116,6 +117,7 @@ class GraphModule:
     ) -> None:
         self.graph = graph
         self._dag = to_dag(graph)
+        annotate_work(self._dag, lib)
 
         def supported(nid: int, device: Device) -> bool:
             spec = node_spec(self._dag, nid)

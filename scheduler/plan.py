@@ -131,6 +131,9 @@ class Plan:
     :ivar inputs: node ids of the graph's external tensors (inputs and
         parameters), bound by the executor.
     :ivar heads: the graph's outputs.
+    :ivar makespan: the placement's predicted run time in seconds (0 when
+        nothing was predicted: one device, one stream).
+    :ivar policy: the placement policy that produced the plan.
     """
 
     host: Device
@@ -144,6 +147,8 @@ class Plan:
     arenas: Mapping[Device, Arena]
     inputs: tuple[int, ...]
     heads: tuple[Entry, ...]
+    makespan: float = 0.0
+    policy: str = "single"
 
     def launches(self) -> list[Launch]:
         """Every launch, in issue order."""
@@ -164,6 +169,11 @@ class Plan:
 
     def __str__(self) -> str:
         lines = [f"Plan on {', '.join(map(str, self.devices))} (host {self.host})"]
+        if self.makespan:
+            lines.append(
+                f"  policy {self.policy}: predicted makespan "
+                f"{1e3 * self.makespan:.3f} ms"
+            )
         for device, arena in sorted(self.arenas.items()):
             ratio = arena.size / arena.lower_bound if arena.lower_bound else 1.0
             lines.append(

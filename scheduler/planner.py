@@ -197,6 +197,8 @@ def _plan_streams(
         arenas=arenas,
         inputs=inputs,
         heads=lowered.heads,
+        makespan=placement.makespan,
+        policy=placement.policy,
     )
 
 
