@@ -1,30 +1,55 @@
-"""Run contexts: the activations of one run, and a fair pool of them.
+"""Run contexts: the activations of one run, and a fair, bounded pool of them.
 
 A :class:`RunContext` owns what one run writes: an input buffer for every
 graph input, and a :class:`~scheduler.dispatch.Program` (arenas, streams and
 pre-bound calls). Parameters are not copied into contexts: every context
-binds the executor's shared, read-only parameter arrays.
+binds the executor's shared, read-only parameter arrays. What a context costs
+in device memory is known before it is made (:func:`context_nbytes`): the
+plan's arenas plus its input buffers.
 
-:class:`ContextPool` lends contexts to concurrent runs: at most ``limit``
-exist at once; callers beyond that wait in FIFO order, and a context that
-comes back goes straight to the longest waiter.
+:class:`ContextPool` lends contexts to concurrent runs. Policy:
+
+* at most ``limit`` contexts exist at once, and their bytes stay within
+  ``budget`` (if given) — except that one context is always allowed, so a
+  budget smaller than one context still runs, one run at a time;
+* callers beyond that wait in FIFO order; a context that comes back goes
+  straight to the longest waiter, and a caller never overtakes a waiter;
+* a device that runs out of memory while the pool grows is not an error for
+  the caller as long as another context exists: the caller waits for that
+  one instead. Only when no context exists at all does the
+  :class:`~asyncrt.errors.OutOfMemoryError` reach the caller (the graph does
+  not fit on the device); the failed context is not counted;
+* a context dropped instead of returned (:meth:`ContextPool.discard`, e.g.
+  made before the parameters changed) frees room: the longest waiter is
+  woken to make a new one in its own task;
+* closing wakes every waiter with :class:`~asyncrt.errors.ClosedResourceError`;
+  lent contexts are closed when they come back.
+
+The pool is driven from one event loop (it is not thread-safe).
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import anyio
 
-from devices import NDArray, empty
+from devices import NDArray, empty, get_api
 from scheduler.dag import Entry
 from scheduler.dispatch import Kernel, Program
 from scheduler.plan import Plan
 
-from .errors import ClosedResourceError
+from .errors import ClosedResourceError, OutOfMemoryError
 
-__all__ = ("ContextPool", "RunContext")
+__all__ = ("ContextPool", "RunContext", "context_nbytes")
+
+
+def context_nbytes(plan: Plan, inputs: Iterable[int]) -> int:
+    """Device bytes a context of ``plan`` costs: its arenas and the buffers
+    of the graph inputs ``inputs`` (node ids) that it owns."""
+    arenas = sum(arena.size for arena in plan.arenas.values())
+    return arenas + sum(plan.tensors[Entry(nid, 0)].nbytes for nid in inputs)
 
 
 class RunContext:
@@ -35,6 +60,8 @@ class RunContext:
     :param inputs: node ids of graph inputs that this context owns a buffer
         for (parameters are passed in ``shared`` instead).
     :param shared: the shared parameter arrays, by entry.
+    :raises OutOfMemoryError: if a device has no room for the context (what
+        was allocated is freed again).
     """
 
     def __init__(
@@ -44,15 +71,20 @@ class RunContext:
         inputs: tuple[int, ...],
         shared: Mapping[Entry, NDArray],
     ) -> None:
+        self.nbytes = context_nbytes(plan, inputs)
         self.inputs: dict[Entry, NDArray] = {}
-        for nid in inputs:
-            entry = Entry(nid, 0)
-            spec = plan.tensors[entry]
-            self.inputs[entry] = empty(
-                spec.shape, spec.dtype, plan.storage[entry].device
-            )
+        try:
+            for nid in inputs:
+                entry = Entry(nid, 0)
+                spec = plan.tensors[entry]
+                self.inputs[entry] = empty(
+                    spec.shape, spec.dtype, plan.storage[entry].device
+                )
+            self.program = Program(plan, kernels, {**self.inputs, **shared})
+        except BaseException:
+            self._free_inputs()
+            raise
         self.is_set: set[Entry] = set()
-        self.program = Program(plan, kernels, {**self.inputs, **shared})
         self.generation = 0
 
     def output(self, entry: Entry) -> NDArray:
@@ -60,24 +92,48 @@ class RunContext:
         return self.program.arrays[entry]
 
     def close(self) -> None:
-        """Free the program's streams and arenas."""
+        """Free the program's streams and arenas. The input buffers are
+        freed with the context (``get_input`` may have handed them out)."""
         self.program.close()
+
+    def _free_inputs(self) -> None:
+        for array in self.inputs.values():
+            get_api(array.device.kind).free(array.buffer)
 
 
 class ContextPool:
-    """At most ``limit`` contexts, lent to callers first come, first served.
+    """Contexts lent to callers first come, first served; see the module
+    docstring for the policy.
 
     :param make: creates a context.
     :param limit: the most contexts that may exist at once.
+    :param budget: the most bytes the contexts may hold together, or
+        ``None`` for no limit; one context is always allowed.
+    :param cost: the bytes the next context will cost (checked against
+        ``budget`` before it is made).
+    :raises ValueError: if ``limit`` < 1 or ``budget`` < 0.
     """
 
-    def __init__(self, make: Callable[[], RunContext], limit: int) -> None:
+    def __init__(
+        self,
+        make: Callable[[], RunContext],
+        limit: int,
+        *,
+        budget: int | None = None,
+        cost: Callable[[], int] = lambda: 0,
+    ) -> None:
         if limit < 1:
             raise ValueError("the context limit must be >= 1")
+        if budget is not None and budget < 0:
+            raise ValueError("the memory budget must be >= 0")
         self._make = make
         self.limit = limit
+        self.budget = budget
+        self._cost = cost
         self._idle: list[RunContext] = []
+        self._lent: set[RunContext] = set()
         self._count = 0
+        self._bytes = 0
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._closed = False
 
@@ -91,68 +147,139 @@ class ContextPool:
         """How many contexts wait unused."""
         return len(self._idle)
 
-    async def acquire(self) -> RunContext:
-        """Borrow a context, waiting (fairly) if all are lent.
+    @property
+    def lent(self) -> frozenset[RunContext]:
+        """The contexts lent out now (runs in flight)."""
+        return frozenset(self._lent)
 
-        :raises ClosedResourceError: if the pool is closed.
+    @property
+    def waiting(self) -> int:
+        """How many callers wait for a context."""
+        return len(self._waiters)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes the existing contexts hold together."""
+        return self._bytes
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    async def acquire(self) -> RunContext:
+        """Borrow a context, waiting (fairly) if none may be lent now.
+
+        :raises ClosedResourceError: if the pool is or gets closed.
+        :raises OutOfMemoryError: if no context exists and a device has no
+            room for a first one.
         """
         self._check_open()
-        context = self._take_without_waiting()
-        if context is not None:
-            return context
-        waiter = _Waiter()
-        self._waiters.append(waiter)
-        try:
-            await waiter.event.wait()
-        except BaseException:
-            if waiter.context is not None:  # handed over just as we left
-                self.release(waiter.context)
-            else:
-                self._waiters.remove(waiter)
-            raise
-        if waiter.context is None:
-            raise ClosedResourceError("the executor was closed while waiting")
-        return waiter.context
+        if not self._waiters:  # fairness: never overtake a waiter
+            context = self._take()
+            if context is not None:
+                return context
+        return await self._wait(front=False)
 
-    def _take_without_waiting(self) -> RunContext | None:
-        """An idle context, or a new one if under the limit; ``None`` if the
-        caller must queue (also when others queue already: fairness)."""
-        if self._waiters:
-            return None
-        if self._idle:
-            return self._idle.pop()
-        if self._count < self.limit:
-            self._count += 1
+    async def _wait(self, *, front: bool) -> RunContext:
+        while True:
+            waiter = _Waiter()
+            if front:
+                self._waiters.appendleft(waiter)
+            else:
+                self._waiters.append(waiter)
             try:
-                return self._make()
+                await waiter.event.wait()
+            except BaseException:
+                if waiter.context is not None:  # handed over just as we left
+                    self.release(waiter.context)
+                elif waiter.may_grow:  # pass the room we were given on
+                    self._wake_grower()
+                elif waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                raise
+            if waiter.context is not None:
+                return waiter.context
+            if not waiter.may_grow or self._closed:
+                raise ClosedResourceError("the executor was closed while waiting")
+            try:
+                context = self._take()
+            except BaseException:
+                self._wake_grower()  # others may still succeed (or fail clearly)
+                raise
+            if context is not None:
+                return context
+            front = True  # keep our place at the head of the queue
+
+    def _may_grow(self) -> bool:
+        if self._count >= self.limit:
+            return False
+        if self._count == 0 or self.budget is None:
+            return True
+        return self._bytes + self._cost() <= self.budget
+
+    def _take(self) -> RunContext | None:
+        """Lend an idle context, or a new one if the limits allow; ``None``
+        if the caller must wait."""
+        if self._idle:
+            context = self._idle.pop()
+        elif self._may_grow():
+            self._count += 1  # reserve the place while making it
+            try:
+                context = self._make()
+            except OutOfMemoryError:
+                self._count -= 1
+                if self._count == 0:
+                    raise  # nothing will come back: the graph does not fit
+                return None  # wait for one of the others instead
             except BaseException:
                 self._count -= 1
                 raise
-        return None
+            self._bytes += context.nbytes
+        else:
+            return None
+        self._lent.add(context)
+        return context
+
+    def _wake_grower(self) -> None:
+        """Tell the longest waiter that it may make a context."""
+        if self._waiters and not self._closed and self._may_grow():
+            waiter = self._waiters.popleft()
+            waiter.may_grow = True
+            waiter.event.set()
 
     def release(self, context: RunContext) -> None:
-        """Return a context: to the longest waiter, or to the idle list."""
+        """Return a lent context: to the longest waiter, or to the idle list."""
         if self._closed:
-            context.close()
-            self._count -= 1
+            self._drop(context)
             return
         if self._waiters:
             waiter = self._waiters.popleft()
-            waiter.context = context
+            waiter.context = context  # stays lent
             waiter.event.set()
         else:
+            self._lent.discard(context)
             self._idle.append(context)
 
     def discard(self, context: RunContext) -> None:
-        """Drop a lent context instead of returning it (it is broken)."""
-        context.close()
+        """Drop a lent context instead of returning it (it is stale or
+        broken); a waiter may make a new one in its place."""
+        self._drop(context)
+        self._wake_grower()
+
+    def _drop(self, context: RunContext) -> None:
+        self._lent.discard(context)
         self._count -= 1
+        self._bytes -= context.nbytes
+        context.close()
 
     def clear_idle(self) -> None:
         """Close the idle contexts (e.g. after parameters changed)."""
         while self._idle:
-            self._idle.pop().close()
+            context = self._idle.pop()
             self._count -= 1
+            self._bytes -= context.nbytes
+            context.close()
 
     def close(self) -> None:
         """Close idle contexts now, lent ones when they come back; wake every
@@ -168,8 +295,9 @@ class ContextPool:
 
 
 class _Waiter:
-    __slots__ = ("context", "event")
+    __slots__ = ("context", "event", "may_grow")
 
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.context: RunContext | None = None
+        self.may_grow = False

@@ -35,6 +35,7 @@ __all__ = (
     "InputError",
     "KernelNotFoundError",
     "NodeFailedError",
+    "NodeOutOfMemoryError",
     "OutOfMemoryError",
     "ParamsError",
     "PlanError",
@@ -111,3 +112,33 @@ class BusyError(AsyncrtError, RuntimeError):
     ``get_output``) is used while a stateful run is in flight: those calls
     belong to one caller at a time. Concurrent callers use
     ``await run(**inputs)``."""
+
+
+class NodeOutOfMemoryError(NodeFailedError, OutOfMemoryError):
+    """Raised when a node's kernel failed because a device ran out of memory
+    during a run (e.g. it asked for workspace that is not there). It is both
+    a :class:`NodeFailedError` (naming the node, op, device and stream) and an
+    :class:`OutOfMemoryError` (naming the request); the device's own error is
+    chained. The run's context is intact: later runs may succeed.
+
+    :ivar requested: bytes the kernel asked for.
+    :ivar available: bytes the device could still give, if it knows.
+    :ivar memory_device: the device that had no room (``device`` is the one
+        the node ran on; they are the same unless the kernel allocated
+        elsewhere).
+    """
+
+    def __init__(self, failed: NodeFailedError, cause: OutOfMemoryError) -> None:
+        # Set both parents' fields here: their __init__s share one super().
+        self.node, self.op = failed.node, failed.op
+        self.device, self.stream = failed.device, failed.stream
+        self.requested = cause.requested
+        self.available = cause.available
+        self.memory_device = cause.device
+        free = "unknown" if cause.available is None else f"{cause.available} bytes"
+        Exception.__init__(
+            self,
+            f"node {failed.node!r} (op {failed.op!r}) ran out of memory on "
+            f"{cause.device}: requested {cause.requested} bytes, free {free} "
+            f"(stream {failed.stream})",
+        )

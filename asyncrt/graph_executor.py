@@ -17,43 +17,80 @@ device streams and awaits their completion.
 
 Two ways to run, and what they mean under concurrency:
 
-* ``await ex.run(**inputs)`` borrows a run context from a pool (at most
-  ``max_contexts``; later callers wait their turn, first come first served),
-  so any number of tasks may call it at once. It returns new arrays that
-  belong to the caller.
+* ``await ex.run(**inputs)`` borrows a *run context* (its own input buffers
+  and arenas: every activation of one run) from a pool, so any number of
+  tasks may call it at once. The pool holds at most ``max_contexts``
+  contexts and, with ``memory_budget``, at most that many bytes of them (a
+  context costs its arenas plus its input buffers:
+  :attr:`GraphModule.context_nbytes`; one context is always allowed). Later
+  callers wait their turn, first come first served. The outputs are new
+  arrays that belong to the caller; with ``out=[...]`` they are copied into
+  the caller's own arrays instead.
 * The stateful API (``set_input`` / ``run()`` / ``get_output``) uses the
-  executor's own context, for one caller at a time, as in TVM. Starting a
-  stateful run while another is in flight raises :class:`BusyError` rather
-  than mixing two callers' tensors.
+  executor's own context (outside the pool and its budget), for one caller
+  at a time, as in TVM: ``get_output(i)`` is a view that the next stateful
+  run overwrites. It does not mix with the pooled runs (they never touch its
+  tensors), but two tasks sharing it would mix their tensors: calling
+  ``set_input`` / ``run()`` / ``run_sync`` / ``load_params`` while a
+  stateful run is in flight raises :class:`BusyError`.
 
-Parameters (``load_params``) are shared read-only by every context.
+Parameters (``load_params``) are shared read-only by every context. They
+change in place, so changing them (``load_params``, ``share_params``, or
+``set_input`` of a parameter's name) while any run is in flight raises
+:class:`BusyError` rather than let that run read half-old, half-new values.
+
+Cancelling a run (a cancelled task or scope, a timeout) stops launching its
+work, lets in-flight kernels drain, returns its context to the pool, and
+re-raises the cancellation. A kernel that raises fails only its own run, with
+:class:`NodeFailedError` (:class:`NodeOutOfMemoryError` when a device ran
+out of memory) naming the node, op, device and stream. ``close()`` (or
+leaving ``async with``) stops the runs in flight — each raises
+:class:`ClosedResourceError` once its in-flight kernels have drained —
+wakes the callers waiting for a context with the same error, and releases
+every thread, stream and arena; ``await aclose()`` also waits until the runs
+in flight are gone.
+
+The executor belongs to one event loop (asyncio, uvloop or trio): call it
+from that loop's tasks, or from a thread without a loop through
+:meth:`GraphModule.run_sync`.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar, overload
 
+import anyio
 import numpy as np
 
 from devices import Device, NDArray, empty, from_dlpack, numpy_dtype
-from scheduler.dag import Entry, graph_spec, node_spec
-from scheduler.dispatch import Kernel
+from scheduler.dag import Entry, node_spec
+from scheduler.dispatch import Kernel, Program
 from scheduler.placement import Policy
 from scheduler.plan import Plan
 from scheduler.planner import plan_graph
 
-from ._context import ContextPool, RunContext
+from ._context import ContextPool, RunContext, context_nbytes
 from ._kernels import Module, resolve
 from ._params import decode_params
 from ._work import annotate_work
-from .errors import BusyError, ClosedResourceError, InputError, KernelNotFoundError
+from .errors import (
+    BusyError,
+    ClosedResourceError,
+    InputError,
+    KernelNotFoundError,
+    NodeFailedError,
+    NodeOutOfMemoryError,
+    OutOfMemoryError,
+)
 from .graph import Graph, load_graph, to_dag
 
 __all__ = ("GraphModule", "create")
 
 DeviceSpec = Device | str | Sequence[Device | str]
+#: What ``run(out=...)`` fills: NDArrays (any device) or writable,
+#: C-contiguous numpy arrays.
+OutArray = TypeVar("OutArray", NDArray, "np.ndarray[Any, Any]")
 
 
 def create(
@@ -62,6 +99,7 @@ def create(
     devices: DeviceSpec = "cpu",
     *,
     max_contexts: int = 4,
+    memory_budget: int | None = None,
     policy: str | Policy = "auto",
     max_streams: int = 1,
 ) -> GraphModule:
@@ -73,6 +111,10 @@ def create(
         the global registry only.
     :param devices: one device or a list; the first faces the host.
     :param max_contexts: how many runs may be in flight at once.
+    :param memory_budget: the most device bytes (all devices together) the
+        pooled run contexts may hold, or ``None`` for no limit; fewer runs
+        are then in flight at once, but always at least one. Parameters and
+        outputs handed to callers are not counted.
     :param policy: how nodes are placed on several devices: ``"auto"`` (the
         better of HEFT and PEFT, never worse than the fastest single
         device), ``"heft"``, ``"peft"``, ``"fastest"``, ``"single"``, or a
@@ -89,6 +131,7 @@ def create(
         lib,
         _devices(devices),
         max_contexts=max_contexts,
+        memory_budget=memory_budget,
         policy=policy,
         max_streams=max_streams,
     )
@@ -112,6 +155,7 @@ class GraphModule:
         devices: Sequence[Device],
         *,
         max_contexts: int = 4,
+        memory_budget: int | None = None,
         policy: str | Policy = "auto",
         max_streams: int = 1,
     ) -> None:
@@ -131,21 +175,27 @@ class GraphModule:
             supported=supported,
         )
         self._kernels = self._resolve_kernels(lib)
-        spec = graph_spec(self._dag)
         self._input_nids: tuple[int, ...] = self.plan.inputs
         self._input_names = [node_spec(self._dag, n).name for n in self._input_nids]
         self._index_of = {name: i for i, name in enumerate(self._input_names)}
-        self._heads = spec.heads
+        # The outputs on the host: copies where a head was computed elsewhere.
+        self._heads = self.plan.heads
         self._params: dict[Entry, NDArray] = {}
         self._all_inputs = frozenset(Entry(n, 0) for n in self._input_nids)
         # Inputs a run must be given: every graph input that is no parameter.
         self._required_inputs = self._all_inputs
-        self._lock = threading.Lock()
         self._stateful_busy = False
         self._closed = False
-        self._pool = ContextPool(self._new_context, max_contexts)
+        self._pool = ContextPool(
+            self._new_context,
+            max_contexts,
+            budget=memory_budget,
+            cost=lambda: self.context_nbytes,
+        )
         self._generation = 0
         self._own: RunContext | None = None
+        self._running = 0  # run() calls under way, waiting ones included
+        self._drained: anyio.Event | None = None
 
     # -- building --------------------------------------------------------------
 
@@ -167,9 +217,25 @@ class GraphModule:
             raise KernelNotFoundError(f"kernels not found: {shown}{more}")
         return kernels
 
+    def _owned_inputs(self) -> tuple[int, ...]:
+        return tuple(n for n in self._input_nids if Entry(n, 0) not in self._params)
+
+    @property
+    def context_nbytes(self) -> int:
+        """Device bytes one run context costs (arenas and input buffers):
+        what ``memory_budget`` is counted in."""
+        return context_nbytes(self.plan, self._owned_inputs())
+
+    @property
+    def pool(self) -> ContextPool:
+        """The pool of run contexts (to inspect: ``size``, ``idle``,
+        ``lent``, ``waiting``, ``nbytes``, ``limit``, ``budget``)."""
+        return self._pool
+
     def _new_context(self) -> RunContext:
-        owned = tuple(n for n in self._input_nids if Entry(n, 0) not in self._params)
-        context = RunContext(self.plan, self._kernels, owned, self._params)
+        context = RunContext(
+            self.plan, self._kernels, self._owned_inputs(), self._params
+        )
         context.generation = self._generation
         return context
 
@@ -270,6 +336,8 @@ class GraphModule:
         checked = [(self._input_entry(k), v) for k, v in items]
         checked = [(e, self._check_value(e, v)) for e, v in checked]
         self._check_not_busy()
+        if any(e in self._params for e, _ in checked):
+            self._check_no_runs()
         context = self._own_context()
         for entry, array in checked:
             target = self._params.get(entry)
@@ -301,7 +369,7 @@ class GraphModule:
         for name, value in values.items():
             entry = self._input_entry(name)
             checked.append((entry, self._check_value(entry, value)))
-        self._check_not_busy()
+        self._check_no_runs()
         for entry, array in checked:
             if entry not in self._params:
                 spec = self.plan.tensors[entry]
@@ -318,6 +386,7 @@ class GraphModule:
         :raises InputError: if a name is unknown or the shapes differ.
         """
         self._check_open()
+        self._check_no_runs()
         names = decode_params(params_bytes).keys()
         for name in names:
             entry = self._input_entry(name)
@@ -336,7 +405,17 @@ class GraphModule:
 
     # -- running -----------------------------------------------------------------
 
-    async def run(self, **inputs: Any) -> list[NDArray] | None:
+    @overload
+    async def run(self, *, out: None = None, **inputs: Any) -> list[NDArray] | None: ...
+
+    @overload
+    async def run(
+        self, *, out: Sequence[OutArray], **inputs: Any
+    ) -> list[OutArray]: ...
+
+    async def run(
+        self, *, out: Sequence[Any] | None = None, **inputs: Any
+    ) -> list[Any] | None:
         """Run the graph.
 
         With keyword inputs, runs in a pooled context (safe for many
@@ -345,25 +424,64 @@ class GraphModule:
         ``set_input`` and returns ``None``; read results with
         :meth:`get_output`.
 
-        :raises InputError: for missing, unknown or mismatched inputs.
-        :raises NodeFailedError: if a kernel raised.
+        :param out: one array per output to copy the outputs into instead
+            (NDArrays on any device, or writable C-contiguous numpy arrays);
+            the run then returns ``out`` as a list. (So no graph input can
+            be passed by the name ``out``; use the stateful API for one.)
+        :raises InputError: for missing, unknown or mismatched inputs, or
+            ``out`` arrays of the wrong number, shape or dtype.
+        :raises NodeFailedError: if a kernel raised (chained);
+            :class:`NodeOutOfMemoryError` if it ran out of device memory.
+        :raises OutOfMemoryError: if a device has no room for the first run
+            context, or for the outputs.
         :raises BusyError: for a stateful run while another is in flight.
-        :raises ClosedResourceError: if the executor is closed.
+        :raises ClosedResourceError: if the executor is closed, or gets
+            closed before this run returns.
         """
         self._check_open()
+        targets = None if out is None else self._check_out(out)
         if not inputs:
             await self._run_stateful()
-            return None
+            if targets is None:
+                return None
+            own = self._own_context()
+            return self._outputs(own, targets)
         checked = self._check_run_inputs(inputs)
-        context = await self._pool.acquire()
+        self._running += 1
         try:
-            self._fill(context, checked)
-            # A failed or cancelled run drains its streams before raising,
-            # so the context is fit to lend again either way.
-            await context.program.run()
-            return [self._copy_out(context.output(e)) for e in self._heads]
+            context = await self._pool.acquire()
+            try:
+                self._check_open()  # closed while this run waited for its turn
+                self._fill(context, checked)
+                # A failed, stopped or cancelled run drains its streams before
+                # raising, so the context is fit to lend again either way.
+                await self._run_program(context.program)
+                self._check_open()
+                return self._outputs(context, targets)
+            finally:
+                self._release(context)
         finally:
-            self._release(context)
+            self._run_ended()
+
+    async def _run_program(self, program: Program) -> None:
+        try:
+            await program.run()
+        except NodeFailedError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, OutOfMemoryError):
+                raise NodeOutOfMemoryError(exc, cause) from cause
+            raise
+        except ClosedResourceError as exc:
+            if self._closed:
+                raise ClosedResourceError(
+                    "the executor was closed while this run was in flight"
+                ) from exc
+            raise
+
+    def _run_ended(self) -> None:
+        self._running -= 1
+        if self._running == 0 and self._drained is not None:
+            self._drained.set()
 
     def _release(self, context: RunContext) -> None:
         if context.generation != self._generation:
@@ -373,19 +491,61 @@ class GraphModule:
 
     def _check_run_inputs(self, inputs: Mapping[str, Any]) -> list[tuple[Entry, Any]]:
         checked = [(self._input_entry(k), v) for k, v in inputs.items()]
+        for entry, _ in checked:
+            if entry in self._params:
+                raise InputError(
+                    f"{self._input_name(entry)!r} is a parameter; use load_params"
+                )
         missing = self._required_inputs.difference(e for e, _ in checked)
         if missing:
             names = sorted(self._input_name(e) for e in missing)
             raise InputError(f"inputs not given: {', '.join(names)}")
         return [(e, self._check_value(e, v)) for e, v in checked]
 
+    def _check_out(self, out: Sequence[Any]) -> list[Any]:
+        targets = list(out)
+        if len(targets) != len(self._heads):
+            raise InputError(
+                f"out= needs {len(self._heads)} arrays (one per output), "
+                f"got {len(targets)}"
+            )
+        for index, (target, head) in enumerate(zip(targets, self._heads, strict=True)):
+            spec = self.plan.tensors[head]
+            if isinstance(target, NDArray):
+                shape, dtype = target.shape, target.dtype
+            elif isinstance(target, np.ndarray):
+                if not (target.flags.writeable and target.flags.c_contiguous):
+                    raise InputError(
+                        f"out[{index}] must be a writable, C-contiguous array"
+                    )
+                shape, dtype = target.shape, str(target.dtype)
+                dtype = "bool" if dtype == "bool_" else dtype
+            else:
+                raise InputError(
+                    f"out[{index}] must be an NDArray or a numpy array, "
+                    f"got {type(target).__name__}"
+                )
+            if tuple(shape) != spec.shape or dtype != spec.dtype:
+                raise InputError(
+                    f"out[{index}] must have shape {spec.shape} and dtype "
+                    f"{spec.dtype}, got {tuple(shape)} {dtype}"
+                )
+        return targets
+
     def _fill(self, context: RunContext, checked: list[tuple[Entry, Any]]) -> None:
         for entry, array in checked:
-            if entry in self._params:
-                raise InputError(
-                    f"{self._input_name(entry)!r} is a parameter; use load_params"
-                )
             context.inputs[entry].copyfrom(array)
+
+    def _outputs(self, context: RunContext, targets: list[Any] | None) -> list[Any]:
+        arrays = [context.output(e) for e in self._heads]
+        if targets is None:
+            return [array.copyto(self.plan.host) for array in arrays]
+        for array, target in zip(arrays, targets, strict=True):
+            if isinstance(target, NDArray):
+                target.copyfrom(array)
+            else:
+                np.copyto(target, array.numpy(), casting="no")
+        return targets
 
     def _copy_out(self, array: NDArray) -> NDArray:
         return array.copyto(self.plan.host)
@@ -395,10 +555,15 @@ class GraphModule:
         context = self._own_context()
         self._check_all_set(context)
         self._stateful_busy = True
+        self._running += 1
         try:
-            await context.program.run()
+            await self._run_program(context.program)
         finally:
             self._stateful_busy = False
+            self._run_ended()
+            if self._closed:  # close() left our context for us to free
+                self._close_own()
+        self._check_open()
 
     def _check_all_set(self, context: RunContext) -> None:
         missing = [
@@ -411,6 +576,11 @@ class GraphModule:
         """:meth:`run` for callers without an event loop: blocks the thread.
 
         It uses the executor's own context (one caller at a time).
+
+        :raises NodeFailedError: if a kernel raised (chained);
+            :class:`NodeOutOfMemoryError` if it ran out of device memory.
+        :raises BusyError: while another stateful run is in flight.
+        :raises ClosedResourceError: if the executor is closed.
         """
         self._check_open()
         if inputs:
@@ -421,6 +591,11 @@ class GraphModule:
         self._stateful_busy = True
         try:
             context.program.run_sync()
+        except NodeFailedError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, OutOfMemoryError):
+                raise NodeOutOfMemoryError(exc, cause) from cause
+            raise
         finally:
             self._stateful_busy = False
         if inputs:
@@ -455,21 +630,60 @@ class GraphModule:
                 "concurrent runs"
             )
 
+    def _check_no_runs(self) -> None:
+        if self._stateful_busy or self._pool.lent:
+            raise BusyError(
+                "parameters cannot change while runs are in flight (they are "
+                "shared by every run); wait for the runs to finish"
+            )
+
     def close(self) -> None:
-        """Release every context's streams, threads and memory. Idempotent."""
+        """Close the executor. Idempotent; safe while runs are in flight.
+
+        Runs in flight are stopped: each drains its in-flight kernels and
+        raises :class:`ClosedResourceError`, and its context is freed as it
+        comes back; callers waiting for a context get the same error. Idle
+        contexts' threads, streams and memory are released now. Later calls
+        raise :class:`ClosedResourceError`. Use :meth:`aclose` to also wait
+        until every run in flight is gone.
+        """
         if self._closed:
             return
         self._closed = True
+        for context in self._pool.lent:
+            context.program.stop()
         self._pool.close()
+        if self._own is not None:
+            if self._stateful_busy:
+                self._own.program.stop()  # freed when that run returns
+            else:
+                self._close_own()
+
+    def _close_own(self) -> None:
         if self._own is not None:
             self._own.close()
             self._own = None
+
+    async def aclose(self) -> None:
+        """:meth:`close`, then wait until the runs in flight have drained,
+        raised and given their contexts back (so every thread and stream is
+        gone when this returns). Idempotent."""
+        self.close()
+        if self._running:
+            if self._drained is None:
+                self._drained = anyio.Event()
+            await self._drained.wait()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
 
     async def __aenter__(self) -> GraphModule:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self.close()
+        await self.aclose()
 
     def __enter__(self) -> GraphModule:
         return self

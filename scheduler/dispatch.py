@@ -18,7 +18,9 @@ run with :class:`~scheduler.errors.NodeFailedError` naming the node; the
 streams skip the rest of that run's work. Cancelling the awaiting task stops
 the streams at the next check (every :data:`CHECK_EVERY` calls), waits for
 in-flight work to drain, and re-raises the cancellation: the program is then
-ready for the next run.
+ready for the next run. :meth:`Program.stop` (from the event loop, e.g.
+when an executor closes) stops a run in flight the same way from outside;
+that run raises :class:`~devices.errors.ClosedResourceError` once drained.
 """
 
 from __future__ import annotations
@@ -64,10 +66,11 @@ class _Stopped(Exception):
 
 
 class _RunState:
-    __slots__ = ("stopped",)
+    __slots__ = ("halted", "stopped")
 
     def __init__(self) -> None:
-        self.stopped = False
+        self.stopped = False  # the streams skip the rest of this run
+        self.halted = False  # ... because stop() was called
 
 
 def _check(state: _RunState) -> None:
@@ -261,18 +264,28 @@ class Program:
         :raises ClosedResourceError: if the program was closed.
         """
         self._check_open()
-        self._state.stopped = False
+        self._state.stopped = self._state.halted = False
         self._issue(self._actions)
         return self._finish()
+
+    def stop(self) -> None:
+        """Stop the run in flight: the streams skip the rest of its work at
+        their next check, in-flight calls finish, and :meth:`run` raises
+        :class:`ClosedResourceError` once they have (unless a kernel failed
+        first, or the run got through its last check). No effect between
+        runs: the next run starts afresh."""
+        self._state.halted = True
+        self._state.stopped = True
 
     async def run(self) -> None:
         """Run once; return when every stream is done.
 
         :raises NodeFailedError: if a kernel raised (chained).
-        :raises ClosedResourceError: if the program was closed.
+        :raises ClosedResourceError: if the program was closed, or the run
+            was stopped with :meth:`stop`.
         """
         self._check_open()
-        self._state.stopped = False
+        self._state.stopped = self._state.halted = False
         completions: list[Completion] = []
         try:
             if self._has_async:
@@ -306,12 +319,16 @@ class Program:
         self._raise_first_error(completions)
 
     async def _run_with_coroutines(self) -> None:
-        streams = self._streams
+        streams, state = self._streams, self._state
         for action in self._actions:
+            if state.stopped:  # failed or stopped: launch nothing more
+                return
             if isinstance(action, _AsyncCall):
                 # The host runs this node: wait for its stream to get here.
-                ready = streams[action.stream].record()
-                await ready.wait()
+                ready = streams[action.stream].record().completion
+                await wait_completion(ready)
+                if ready.error is not None:  # a kernel before it failed
+                    self._raise_first_error([ready])
                 try:
                     await action.kernel(*action.args)
                 except Exception as exc:
@@ -325,6 +342,7 @@ class Program:
         errors = [c.error for c in completions if c.error is not None]
         if not errors:
             return
+        halted = self._state.halted
         self._state.stopped = True
         for error in errors:
             root = _batch_error(error)
@@ -334,6 +352,8 @@ class Program:
             launch = batch.launches[root.index]
             if launch is not None:  # None: a check that stopped this stream
                 raise self._node_error(launch, batch.stream) from root.__cause__
+        if halted:
+            raise ClosedResourceError("the run was stopped before it finished")
         raise StreamError(f"run failed: {errors[0]!r}", "") from errors[0]
 
     def _node_error(self, launch: Launch, stream: int) -> NodeFailedError:

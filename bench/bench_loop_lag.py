@@ -1,0 +1,332 @@
+"""Event-loop lag while 50 concurrent requests run W3 (the MLP): asyncrt's
+``await ex.run()`` against ONNX Runtime, in one run.
+
+The protocol is the shared harness's (``../shared/bench/loop_lag.py``): a
+ticker coroutine sleeps 1 ms in a loop and records how late it wakes, while
+a burst of ``--requests`` requests (all started at once with
+``asyncio.gather``) runs W3; each mode is repeated ``--rounds`` times and the
+lags pooled. Modes:
+
+* ``idle``, ``direct``, ``executor``, ``run_async``: ONNX Runtime, measured by
+  the shared harness itself in a child under ``$PEER_PY`` (it has
+  onnxruntime; this venv need not);
+* ``asyncrt-cN``: W3 converted to an asyncrt graph (``bench_executor.py``'s
+  ``to_asyncrt``), ``await ex.run(x=...)`` on one executor with
+  ``max_contexts=N``, in a child of this interpreter (with its own ``idle``
+  baseline, ``asyncrt-idle``, measured in that same process);
+* ``asyncrt-cN-uvloop``: the same on uvloop, if it is installed;
+* ``...-blas1``: the same with ``OPENBLAS_NUM_THREADS=1`` in that child (N
+  streams each running single-threaded BLAS instead of N x cores BLAS
+  threads fighting over the cores; ONNX Runtime sizes its own pool).
+
+    PEER_PY=/path/to/peers-venv/bin/python python bench/bench_loop_lag.py
+
+Targets: asyncrt's lag p99 within 1 ms of idle; throughput at least that of
+``executor`` (``run_in_executor``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DEFAULT_PEERS_DIR = ROOT.parent / "shared" / "bench"
+MARK = "@@LOOPLAG@@"
+PERIOD = 0.001
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The shared harness's percentile (nearest rank on the sorted list)."""
+    if not xs:
+        return float("nan")
+    ordered = sorted(xs)
+    return ordered[min(len(ordered) - 1, round(q / 100.0 * (len(ordered) - 1)))]
+
+
+# -- the asyncrt child ---------------------------------------------------------
+
+
+async def ticker(stop: asyncio.Event, lags: list[float]) -> None:
+    while not stop.is_set():
+        t = time.perf_counter()
+        await asyncio.sleep(PERIOD)
+        lags.append(time.perf_counter() - t - PERIOD)
+
+
+async def scenario(
+    ex: Any, feed: dict[str, Any], n_req: int, idle_s: float
+) -> dict[str, Any]:
+    """One burst (or an idle spell when ``ex`` is None), as the harness does."""
+
+    async def request() -> tuple[float, Any]:
+        t = time.perf_counter()
+        outs = await ex.run(**feed)
+        return time.perf_counter() - t, outs
+
+    lags: list[float] = []
+    stop = asyncio.Event()
+    tick = asyncio.create_task(ticker(stop, lags))
+    await asyncio.sleep(0.02)  # let the ticker settle
+    lags.clear()
+    t0 = time.perf_counter()
+    if ex is None:
+        await asyncio.sleep(idle_s)
+        res: list[tuple[float, Any]] = []
+    else:
+        res = await asyncio.gather(*[request() for _ in range(n_req)])
+    wall = time.perf_counter() - t0
+    stop.set()
+    await tick
+    lat = [r[0] for r in res]
+    return {
+        "requests": len(res),
+        "wall_s": wall,
+        "throughput_rps": len(res) / wall if res else None,
+        "latency_p50_ms": pct(lat, 50) * 1e3 if lat else None,
+        "ticks_expected": int(wall / PERIOD),
+        "lags_ms": [x * 1e3 for x in lags],
+        "_out": res[0][1][0].numpy() if res else None,
+    }
+
+
+def summarise(mode: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    lags = [x for r in rounds for x in r["lags_ms"]]
+    thr = sorted(r["throughput_rps"] for r in rounds if r["throughput_rps"])
+    walls = sorted(r["wall_s"] for r in rounds)
+    return {
+        "mode": mode,
+        "rounds": len(rounds),
+        "ticks": len(lags),
+        "ticks_expected": sum(r["ticks_expected"] for r in rounds),
+        "lag_p50_ms": pct(lags, 50),
+        "lag_p99_ms": pct(lags, 99),
+        "lag_max_ms": max(lags) if lags else float("nan"),
+        "throughput_rps_median": thr[len(thr) // 2] if thr else None,
+        "wall_s_median": walls[len(walls) // 2],
+        "latency_p50_ms_median": sorted(r["latency_p50_ms"] or 0 for r in rounds)[
+            len(rounds) // 2
+        ],
+        "rel_err_max": max((r.get("rel_err", 0.0) for r in rounds), default=0.0),
+    }
+
+
+def child(a: argparse.Namespace) -> None:
+    sys.path.insert(0, str(HERE))
+    import numpy as np
+    from bench_executor import load_harness, to_asyncrt
+
+    from asyncrt import graph_executor
+
+    _, workloads = load_harness(Path(a.peers_dir))
+    wl = workloads.build("W3")
+    feed = dict(wl.inputs)
+    ref = wl.floor_outputs()[0]
+    graph, lib, params = to_asyncrt(wl, workloads)
+    results: dict[str, Any] = {}
+    plan = [("asyncrt-idle", 0, False)]
+    for n in [int(c) for c in a.contexts.split(",") if c]:
+        plan.append((f"asyncrt-c{n}", n, False))
+        if a.uvloop:
+            plan.append((f"asyncrt-c{n}-uvloop", n, True))
+    for mode, contexts, use_uvloop in plan:
+        ex = graph_executor.create(graph, lib, "cpu", max_contexts=max(contexts, 1))
+        ex.load_params(params)
+        for _ in range(3):  # warm up: every context made, caches hot
+            ex.run_sync(**feed)
+        runner: Any = asyncio.run
+        if use_uvloop:
+            try:
+                import uvloop
+            except ImportError:
+                results[mode] = {"mode": mode, "error": "uvloop not installed"}
+                ex.close()
+                continue
+            runner = uvloop.run
+        rounds = []
+        for _ in range(a.rounds):
+            target = None if mode == "asyncrt-idle" else ex
+            r = runner(scenario(target, feed, a.requests, idle_s=0.5))
+            out = r.pop("_out")
+            if out is not None:
+                r["rel_err"] = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+            rounds.append(r)
+        results[mode] = summarise(mode, rounds)
+        results[mode]["contexts_made"] = ex.pool.size
+        ex.close()
+    print(MARK + json.dumps(results), flush=True)
+
+
+# -- the parent ------------------------------------------------------------------
+
+
+def run_ort(a: argparse.Namespace) -> dict[str, Any]:
+    peer_py = os.environ.get("PEER_PY", "python3")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ort.json")
+        cmd = [
+            peer_py,
+            str(Path(a.peers_dir) / "loop_lag.py"),
+            "--requests",
+            str(a.requests),
+            "--rounds",
+            str(a.rounds),
+            "--modes",
+            a.ort_modes,
+            "--json",
+            out,
+        ]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        if p.returncode != 0 or not os.path.exists(out):
+            tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
+            return {"ort": {"mode": "ort", "error": " | ".join(tail)}}
+        header = [line for line in p.stdout.splitlines() if line.startswith("#")]
+        with open(out) as f:
+            data = json.load(f)
+    results: dict[str, Any] = data["results"]
+    for r in results.values():
+        r.pop("per_round", None)
+    results["_header"] = header
+    return results
+
+
+def run_asyncrt(a: argparse.Namespace, blas: str) -> dict[str, Any]:
+    """The asyncrt modes in a child; ``blas`` is its OpenBLAS thread count
+    (``"default"``: numpy's own choice, one per core)."""
+    env = dict(os.environ)
+    suffix = ""
+    if blas != "default":
+        env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = blas
+        suffix = f"-blas{blas}"
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--requests",
+        str(a.requests),
+        "--rounds",
+        str(a.rounds),
+        "--contexts",
+        a.contexts,
+        "--peers-dir",
+        str(a.peers_dir),
+    ]
+    if not a.uvloop:
+        cmd.append("--no-uvloop")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
+    for line in p.stdout.splitlines():
+        if line.startswith(MARK):
+            result: dict[str, Any] = json.loads(line[len(MARK) :])
+            return {f"{mode}{suffix}": r for mode, r in result.items()}
+    tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
+    return {f"asyncrt{suffix}": {"mode": "asyncrt", "error": " | ".join(tail)}}
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| mode | lag p50 ms | lag p99 ms | lag max ms | ticks (got/expected) "
+        "| req/s | burst wall s | rel err |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, s in results.items():
+        if mode.startswith("_"):
+            continue
+        if "error" in s:
+            lines.append(f"| {mode} | failed: {s['error'][:100]} | | | | | | |")
+            continue
+        busy = bool(s.get("throughput_rps_median"))
+        thr = f"{s['throughput_rps_median']:.1f}" if busy else "-"
+        wall = f"{s['wall_s_median']:.2f}" if busy else "-"
+        err = f"{s.get('rel_err_max', 0.0):.1e}" if busy else "-"
+        lines.append(
+            f"| {mode} | {s['lag_p50_ms']:.3f} | {s['lag_p99_ms']:.3f} | "
+            f"{s['lag_max_ms']:.1f} | {s['ticks']}/{s['ticks_expected']} | {thr} "
+            f"| {wall} | {err} |"
+        )
+    return "\n".join(lines)
+
+
+def verdict(results: dict[str, Any]) -> list[str]:
+    notes = []
+    idle = results.get("idle", {})
+    executor = results.get("executor", {})
+    for mode, s in results.items():
+        if not mode.startswith("asyncrt-c") or "error" in s:
+            continue
+        suffix = mode[mode.index("-blas") :] if "-blas" in mode else ""
+        local_idle = results.get(f"asyncrt-idle{suffix}", {})
+        for name, base in (("idle (ORT child)", idle), ("asyncrt-idle", local_idle)):
+            if "lag_p99_ms" in base:
+                gap = s["lag_p99_ms"] - base["lag_p99_ms"]
+                ok = "meets" if gap <= 1.0 else "misses"
+                notes.append(
+                    f"{mode}: p99 {s['lag_p99_ms']:.3f} ms is {gap:+.3f} ms vs "
+                    f"{name}: {ok} the 1 ms target"
+                )
+        if executor.get("throughput_rps_median"):
+            ratio = s["throughput_rps_median"] / executor["throughput_rps_median"]
+            ok = "meets" if ratio >= 1.0 else "misses"
+            notes.append(
+                f"{mode}: throughput {ratio:.2f}x run_in_executor: {ok} the target"
+            )
+    return notes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--contexts", default="2,4", help="asyncrt max_contexts list")
+    ap.add_argument("--ort-modes", default="idle,direct,executor,run_async")
+    ap.add_argument("--no-uvloop", dest="uvloop", action="store_false")
+    ap.add_argument(
+        "--blas-threads",
+        default="default,1",
+        help="OpenBLAS threads in the asyncrt child, a comma list: 'default' "
+        "(one per core) and/or numbers; each is one child",
+    )
+    ap.add_argument("--peers-dir", default=str(DEFAULT_PEERS_DIR))
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(a)
+        return
+    print(f"# {os.cpu_count()} cpus, loadavg at start {os.getloadavg()}", flush=True)
+    results: dict[str, Any] = {}
+    t = time.perf_counter()
+    results.update(run_ort(a))
+    print(f"# ONNX Runtime modes done in {time.perf_counter() - t:.1f} s", flush=True)
+    for blas in a.blas_threads.split(","):
+        t = time.perf_counter()
+        results.update(run_asyncrt(a, blas))
+        print(
+            f"# asyncrt modes (BLAS threads: {blas}) done in "
+            f"{time.perf_counter() - t:.1f} s",
+            flush=True,
+        )
+    for line in results.pop("_header", []):
+        print(line)
+    print(f"# loadavg at end {os.getloadavg()}\n")
+    print(table(results))
+    print()
+    for note in verdict(results):
+        print("#", note)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,90 @@
+"""Soak: 10,000 concurrent runs (some cancelled) on one executor keep the
+thread count constant and memory flat, and every answer right.
+
+It runs in the default suite (a few seconds per event loop); the ``slow``
+marker only lets a quick local run skip it with ``-m "not slow"``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import pytest
+
+from asyncrt.graph_executor import GraphModule
+
+from .test_executor import C, N, W, make, reference
+
+RUNS = 10_000
+WARM_UP = 1_000
+WORKERS = 8
+CANCEL_EVERY = 97  # every so often a run is cancelled part-way
+
+
+def rss_bytes() -> int:
+    """Resident set size now (not the peak), from /proc."""
+    with open("/proc/self/statm") as statm:
+        resident_pages = int(statm.read().split()[1])
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+async def soak(ex: GraphModule, runs: int, seed: int) -> int:
+    """``runs`` runs over WORKERS tasks, each answer checked; return how many
+    were cancelled."""
+    rng = np.random.default_rng(seed)
+    xs = rng.standard_normal((64, N)).astype(np.float32)
+    wants = [reference(x, C, W) for x in xs]
+    cancelled = 0
+
+    async def worker(first: int) -> None:
+        nonlocal cancelled
+        out = [np.empty(N, np.float32), np.empty(N, np.float32)]
+        for i in range(first, runs, WORKERS):
+            k = i % len(xs)
+            if i % CANCEL_EVERY == 0:
+                with anyio.CancelScope() as scope:
+                    tg.start_soon(cancel_soon, scope)
+                    await ex.run(x=xs[k])
+                cancelled += scope.cancelled_caught
+                continue
+            if i % 2:
+                got = await ex.run(out=out, x=xs[k])
+            else:
+                outs = await ex.run(x=xs[k])
+                assert outs is not None
+                got = [o.numpy() for o in outs]
+            np.testing.assert_allclose(got[0], wants[k][0], rtol=1e-6)
+            np.testing.assert_allclose(got[1], wants[k][1], rtol=1e-6)
+
+    async def cancel_soon(scope: anyio.CancelScope) -> None:
+        await anyio.lowlevel.checkpoint()
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for first in range(WORKERS):
+            tg.start_soon(worker, first)
+    return cancelled
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.anyio
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
+async def test_soak_threads_constant_memory_flat() -> None:
+    async with make("cpu", max_contexts=4) as ex:
+        await soak(ex, WARM_UP, seed=1)
+        gc.collect()
+        threads, rss = set(threading.enumerate()), rss_bytes()
+        cancelled = await soak(ex, RUNS, seed=2)
+        gc.collect()
+        # No thread was added (threads of earlier tests may still wind down).
+        assert set(threading.enumerate()) <= threads
+        growth = (rss_bytes() - rss) / rss
+        assert growth < 0.05, f"RSS grew {growth:.1%} over {RUNS} runs"
+        assert cancelled > 0  # the soak did exercise cancellation
+        assert ex.pool.size <= 4 and ex.pool.idle == ex.pool.size
