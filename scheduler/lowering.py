@@ -86,6 +86,7 @@ def lower(
         tuple[float, int, Launch, Device, bool]
     ] = []  # time, topo, ..., is_copy
     copies: dict[tuple[Entry, Device], Entry] = {}
+    copy_at: dict[tuple[Entry, Device], int] = {}  # index in ``launches``
 
     def root(entry: Entry) -> Entry:
         return aliases.get(entry, entry)
@@ -109,7 +110,15 @@ def lower(
                 args=(entry, copy),
                 num_inputs=1,
             )
+            copy_at[key] = len(launches)
             launches.append((when, rank, launch, device, True))
+        else:
+            # A shared copy goes before its earliest consumer, not its first
+            # in topological order: issue order must stay topological.
+            at = copy_at[key]
+            old_when, old_rank, launch, _, _ = launches[at]
+            if (when, rank) < (old_when, old_rank):
+                launches[at] = (when, rank, launch, device, True)
         return copies[key]
 
     for nid in sorted(dag.nodes, key=topo.__getitem__):
@@ -254,6 +263,12 @@ def _place_events(
         for other, pos in sorted(latest.items()):
             if clock[stream][other] > pos:
                 continue  # already ordered through earlier waits
+            if any(
+                after[per_stream[o][p].nid][other] > pos
+                for o, p in latest.items()
+                if o != other
+            ):
+                continue  # implied by the wait for another producer
             source = per_stream[other][pos].nid
             needed.append(source)
             records.add(source)

@@ -191,20 +191,34 @@ class Plan:
         for data dependencies, dashed edges for event waits."""
         out = ["digraph plan {", "  rankdir=TB;", "  node [shape=box, fontsize=10];"]
         producer: dict[Entry, str] = {}
-        records: dict[int, str] = {}
+        records: dict[int, str] = {}  # event -> the launch it follows
+        waits: list[tuple[int, str]] = []  # (event, the launch it precedes)
         for s, stream in enumerate(self.streams):
             out.append(
                 f'  subgraph cluster_s{s} {{ label="stream {s} ({stream.device})";'
             )
-            for i, step in enumerate(stream.steps):
+            last: str | None = None
+            pending: list[int] = []
+            for step in stream.steps:
                 if isinstance(step, Launch):
                     node = f"n{step.nid}"
                     out.append(f'    {node} [label="{step.name}\\n{step.func_name}"];')
                     for entry in step.args[step.num_inputs :]:
                         producer[entry] = node
+                    waits.extend((event, node) for event in pending)
+                    pending.clear()
+                    last = node
                 elif isinstance(step, RecordEvent):
-                    records[step.event] = f"s{s}_{i}"
+                    if last is not None:
+                        records[step.event] = last
+                else:
+                    pending.append(step.event)
             out.append("  }")
+        for event, node in waits:
+            if event in records:
+                out.append(
+                    f'  {records[event]} -> {node} [style=dashed, label="e{event}"];'
+                )
         for stream in self.streams:
             for step in stream.steps:
                 if isinstance(step, Launch):

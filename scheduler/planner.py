@@ -183,7 +183,7 @@ def _plan_streams(
         )
         for entry, offset in offsets.items():
             storage[entry] = TensorPlacement(device, "arena", offset=offset)
-        if arena.size:
+        if offsets:  # zero-byte tensors still need an arena to view
             arenas[device] = arena
     return Plan(
         host=devices[0],

@@ -1,0 +1,520 @@
+"""Randomized differential tests of multi-device scheduling.
+
+Random DAGs (random width and depth, fan-in 1 to 3, elementwise kernels,
+``__nop`` aliases, a two-output kernel, several heads: sinks, intermediate
+nodes, input-adjacent nodes, sometimes repeated) are placed at random over
+``cpu:0``, ``sim:0`` and ``sim:1`` (pins through the builder's ``device=``,
+named policies, or a user policy that draws a device per node and hands the
+assignment to :func:`scheduler.placement.evaluate`), with random host
+device, random ``max_streams`` and random sim speeds. Some kernels sleep a
+random 0-1 ms before computing, to shake the interleavings. Every plan must
+pass :func:`scheduler.happens_before.check_plan`, and every run — ``run_sync``,
+``await run``, and several concurrent ``await run`` calls with their own
+inputs — must give what a sequential numpy evaluation gives, bit for bit
+(the reference does the same float32 operations in the same order).
+
+A *case* is one generated graph run under one placement: each example runs
+:data:`PLACEMENTS` placements, each with its own executor.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import networkx as nx
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import asyncrt
+from asyncrt import graph_executor
+from asyncrt.graph import Graph, GraphBuilder
+from devices import Device, sim
+from scheduler.cost import CostModel
+from scheduler.dag import node_spec
+from scheduler.happens_before import check_plan
+from scheduler.placement import Placement, Policy, evaluate
+
+DEVICES = ("cpu:0", "sim:0", "sim:1")
+#: Placements (executors) per generated graph: cases = examples x this.
+PLACEMENTS = 3
+#: A binary op whose result could exceed this magnitude becomes a tanh.
+BOUND = 16.0
+
+UNARY = ("tanh", "sigmoid", "relu", "__nop", "pair")
+BINARY = ("add", "subtract", "multiply", "maximum")
+TERNARY = ("sum",)
+
+Array = np.ndarray[Any, Any]
+Ref = tuple[int, int]  # (node index, output index)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a generated graph.
+
+    :ivar op: ``"input"``, ``"param"`` or a kernel name.
+    :ivar inputs: the outputs it reads.
+    :ivar shapes: one shape per output.
+    :ivar slow: whether its kernel sleeps a random 0-1 ms first.
+    """
+
+    op: str
+    inputs: tuple[Ref, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    slow: bool = False
+
+    @property
+    def is_null(self) -> bool:
+        return self.op in ("input", "param")
+
+
+@dataclass(frozen=True)
+class Case:
+    """A generated graph and the seed of its data and delays."""
+
+    size: int
+    nodes: tuple[Node, ...]
+    heads: tuple[Ref, ...]
+    seed: int
+
+    def name(self, index: int) -> str:
+        node = self.nodes[index]
+        if node.op == "param":
+            return f"p{index}"
+        return f"x{index}" if node.op == "input" else f"n{index}"
+
+
+@dataclass(frozen=True)
+class Placing:
+    """How one executor places a case.
+
+    :ivar devices: the device list, host first.
+    :ivar pins: node index -> device, through the builder's ``device=``.
+    :ivar policy: a policy name, or ``None`` for the random user policy.
+    :ivar assign: node index -> device, for the random user policy.
+    :ivar max_streams: compute streams per device.
+    """
+
+    devices: tuple[str, ...]
+    pins: Mapping[int, str]
+    policy: str | None
+    assign: Mapping[int, str]
+    max_streams: int
+
+
+# -- generating ---------------------------------------------------------------
+
+
+@st.composite
+def cases(draw: st.DrawFn, with_slow: bool = False) -> Case:
+    """A random graph: inputs, an optional parameter, then layers of nodes,
+    each reading the previous layer (so the graph is as deep as it has
+    layers) and, for more inputs, any earlier tensor of the same shape."""
+    size = draw(st.sampled_from((0, 1, 2, 3, 5)))
+    nodes: list[Node] = [
+        Node("input", (), ((size,),)) for _ in range(draw(st.integers(1, 2)))
+    ]
+    if draw(st.booleans()):
+        nodes.append(Node("param", (), ((size,),)))
+    bound: dict[Ref, float] = {(i, 0): 1.0 for i in range(len(nodes))}
+    previous = [(i, 0) for i in range(len(nodes))]
+    use_slow = with_slow and draw(st.booleans())
+    for _ in range(draw(st.integers(1, 5))):
+        layer: list[Ref] = []
+        for _ in range(draw(st.integers(1, 3))):
+            first = draw(st.sampled_from(previous))
+            shape = nodes[first[0]].shapes[first[1]]
+            same = [r for r in bound if nodes[r[0]].shapes[r[1]] == shape]
+            fan_in = draw(st.integers(1, 3))
+            ops = (UNARY, BINARY, TERNARY)[fan_in - 1]
+            op = draw(st.sampled_from(ops))
+            inputs = (first, *(draw(st.sampled_from(same)) for _ in range(fan_in - 1)))
+            bounds = [bound[r] for r in inputs]
+            if op == "multiply":
+                limit = bounds[0] * bounds[1]
+            elif op in BINARY or op in TERNARY:
+                limit = sum(bounds)
+            else:
+                limit = bounds[0]
+            if limit > BOUND:
+                op, inputs = "tanh", inputs[:1]
+            if op == "__nop":
+                shapes: tuple[tuple[int, ...], ...] = (
+                    draw(st.sampled_from(((size,), (1, size), (size, 1)))),
+                )
+            elif op == "pair":
+                shapes = (shape, shape)
+            else:
+                shapes = (shape,)
+            slow = use_slow and op != "__nop" and draw(st.booleans())
+            index = len(nodes)
+            nodes.append(Node(op, inputs, shapes, slow))
+            for k in range(len(shapes)):
+                ref = (index, k)
+                bound[ref] = _bound(op, k, bounds)
+                layer.append(ref)
+        previous = layer
+    heads = _heads(draw, nodes)
+    return Case(size, tuple(nodes), heads, draw(st.integers(0, 2**32 - 1)))
+
+
+def _bound(op: str, index: int, bounds: Sequence[float]) -> float:
+    if op in ("tanh", "sigmoid") or (op == "pair" and index == 0):
+        return 1.0
+    if op == "pair":
+        return bounds[0] / 2
+    if op == "multiply":
+        return bounds[0] * bounds[1]
+    if op in ("add", "subtract", "sum"):
+        return sum(bounds)
+    return max(bounds)
+
+
+def _heads(draw: st.DrawFn, nodes: Sequence[Node]) -> tuple[Ref, ...]:
+    """Every unread output, some intermediate ones, a node reading a graph
+    input directly, sometimes a graph input itself or a head twice."""
+    read = {r for node in nodes for r in node.inputs}
+    every = [(i, k) for i, n in enumerate(nodes) for k in range(len(n.shapes))]
+    ops = [r for r in every if not nodes[r[0]].is_null]
+    heads = [r for r in ops if r not in read]
+    heads += draw(st.lists(st.sampled_from(ops), max_size=2))
+    adjacent = [r for r in ops if any(nodes[i].is_null for i, _ in nodes[r[0]].inputs)]
+    heads.append(draw(st.sampled_from(adjacent)))
+    if draw(st.integers(0, 9)) == 0:
+        heads.append(draw(st.sampled_from([r for r in every if nodes[r[0]].is_null])))
+    unique = list(dict.fromkeys(heads))
+    if draw(st.integers(0, 4)) == 0:
+        unique.append(draw(st.sampled_from(unique)))
+    return tuple(draw(st.permutations(unique)))
+
+
+@st.composite
+def placings(draw: st.DrawFn, case: Case, user_policy: bool) -> Placing:
+    """A random placement of ``case``: host and device order, pins, and a
+    named policy or the random user policy."""
+    devices = tuple(draw(st.permutations(DEVICES)))
+    ops = [i for i, n in enumerate(case.nodes) if not n.is_null]
+    device = st.sampled_from(DEVICES)
+    pins = {i: draw(device) for i in ops if draw(st.integers(0, 2)) == 0}
+    if user_policy:
+        policy = None
+        assign = {i: draw(device) for i in ops}
+    else:
+        policy = draw(st.sampled_from(("auto", "heft", "peft", "fastest", "single")))
+        assign = {}
+    return Placing(devices, pins, policy, assign, draw(st.integers(1, 3)))
+
+
+@st.composite
+def sim_configs(draw: st.DrawFn) -> tuple[sim.SimConfig, sim.SimConfig]:
+    """Sim speeds that tilt the cost model one way or another."""
+
+    def one() -> sim.SimConfig:
+        return sim.SimConfig(
+            flops=draw(st.sampled_from((1e6, 1e9, 50e9))),
+            bandwidth=draw(st.sampled_from((1e7, 8e9))),
+            latency=draw(st.sampled_from((0.0, 5e-6))),
+        )
+
+    return one(), one()
+
+
+# -- building and running ---------------------------------------------------------
+
+
+def build(case: Case, placing: Placing) -> Graph:
+    """The case as a graph, with the placement's pins."""
+    b = GraphBuilder()
+    handles: dict[Ref, Any] = {}
+    for i, node in enumerate(case.nodes):
+        name = case.name(i)
+        if node.op == "input":
+            handles[i, 0] = b.input(name, shape=node.shapes[0], dtype="float32")
+            continue
+        if node.op == "param":
+            handles[i, 0] = b.param(name, shape=node.shapes[0], dtype="float32")
+            continue
+        func = f"slow_{node.op}" if node.slow else node.op
+        outs = b.op(
+            func,
+            *(handles[r] for r in node.inputs),
+            outputs=[(s, "float32") for s in node.shapes],
+            name=name,
+            device=placing.pins.get(i),
+        )
+        for k, handle in enumerate(outs):
+            handles[i, k] = handle
+    b.output(*(handles[r] for r in case.heads))
+    return b.build()
+
+
+def random_policy(case: Case, assign: Mapping[int, str]) -> Policy:
+    """A user policy: the drawn device of every node, scheduled by
+    :func:`evaluate` (pins and ``__nop`` rules still hold)."""
+    index_of = {case.name(i): i for i in assign}
+
+    def policy(
+        dag: nx.DiGraph, devices: Sequence[Device], cost: CostModel
+    ) -> Placement:
+        device_of = {}
+        for nid in dag.nodes:
+            index = index_of.get(node_spec(dag, nid).name)
+            if index is not None:
+                device_of[nid] = Device.parse(assign[index])
+        return evaluate(dag, devices, cost, device_of, name="random")
+
+    return policy
+
+
+def _pair(a: Array, first: Array, second: Array) -> None:
+    np.tanh(a, first)
+    np.multiply(a, np.float32(0.5), second)
+
+
+def make_lib(seed: int) -> asyncrt.Module:
+    """``pair`` and a ``slow_`` twin of every kernel, which sleeps a random
+    0-1 ms (from a seeded, locked generator) and then computes."""
+    rng = random.Random(seed)
+    lock = threading.Lock()
+
+    def slow(kernel: Callable[..., None]) -> Callable[..., None]:
+        def run(*args: Array) -> None:
+            with lock:
+                delay = rng.uniform(0.0, 1e-3)
+            time.sleep(delay)
+            kernel(*args)
+
+        return run
+
+    kernels: dict[str, Callable[..., None]] = {"pair": _pair}
+    for op in (*UNARY, *BINARY, *TERNARY):
+        if op == "__nop":
+            continue
+        base = kernels.get(op) or asyncrt.get_global_func(op, "cpu")
+        assert base is not None
+        kernels[f"slow_{op}"] = slow(base)
+    return asyncrt.Module(kernels, kinds=("cpu", "sim"))
+
+
+def reference(case: Case, values: Mapping[int, Array]) -> list[Array]:
+    """The heads, computed node by node in plain numpy (float32 throughout,
+    the same operations in the same order as the kernels)."""
+    out: dict[Ref, Array] = {}
+    for i, node in enumerate(case.nodes):
+        if node.is_null:
+            out[i, 0] = values[i]
+            continue
+        args = [out[r] for r in node.inputs]
+        a = args[0]
+        if node.op == "tanh":
+            out[i, 0] = np.tanh(a)
+        elif node.op == "sigmoid":
+            t = np.negative(a)
+            np.exp(t, t)
+            np.add(t, 1, t)
+            out[i, 0] = np.reciprocal(t)
+        elif node.op == "relu":
+            out[i, 0] = np.maximum(a, 0)
+        elif node.op == "__nop":
+            out[i, 0] = a.reshape(node.shapes[0])
+        elif node.op == "pair":
+            out[i, 0] = np.tanh(a)
+            out[i, 1] = np.multiply(a, np.float32(0.5))
+        elif node.op == "add":
+            out[i, 0] = a + args[1]
+        elif node.op == "subtract":
+            out[i, 0] = a - args[1]
+        elif node.op == "multiply":
+            out[i, 0] = a * args[1]
+        elif node.op == "maximum":
+            out[i, 0] = np.maximum(a, args[1])
+        elif node.op == "sum":
+            out[i, 0] = (a + args[1]) + args[2]
+        else:
+            raise AssertionError(f"unknown op {node.op}")
+    return [out[r] for r in case.heads]
+
+
+def draw_values(case: Case, rng: np.random.Generator) -> dict[int, Array]:
+    """Fresh values for every graph input and parameter."""
+    return {
+        i: rng.uniform(-1.0, 1.0, node.shapes[0]).astype(np.float32)
+        for i, node in enumerate(case.nodes)
+        if node.is_null
+    }
+
+
+def run_inputs(case: Case, values: Mapping[int, Array]) -> dict[str, Any]:
+    """The keyword inputs of a run (graph inputs only, not parameters)."""
+    return {case.name(i): v for i, v in values.items() if case.nodes[i].op == "input"}
+
+
+def assert_outputs(case: Case, got: Sequence[Any] | None, want: list[Array]) -> None:
+    assert got is not None
+    assert len(got) == len(want)
+    for k, (array, expected) in enumerate(zip(got, want, strict=True)):
+        actual = array.numpy()
+        assert actual.shape == expected.shape, f"head {k} ({case.heads[k]})"
+        np.testing.assert_array_equal(
+            actual, expected, err_msg=f"head {k} ({case.heads[k]}) of {case}"
+        )
+
+
+def check_case(
+    case: Case,
+    placing: Placing,
+    concurrent: int,
+    configs: Sequence[sim.SimConfig],
+    backend: str,
+) -> None:
+    """Plan, check the plan, and run ``case`` under ``placing``: once with
+    ``run_sync``, then on ``backend`` once awaited and ``concurrent`` awaited
+    runs at once, each with its own inputs."""
+    sim.configure(2, configs)
+    rng = np.random.default_rng(case.seed)
+    base = draw_values(case, rng)
+    params = {case.name(i): v for i, v in base.items() if case.nodes[i].op == "param"}
+
+    def fresh() -> dict[int, Array]:
+        values = draw_values(case, rng)
+        values.update({i: v for i, v in base.items() if case.nodes[i].op == "param"})
+        return values
+
+    policy: str | Policy = (
+        placing.policy
+        if placing.policy is not None
+        else random_policy(case, placing.assign)
+    )
+    with graph_executor.create(
+        build(case, placing),
+        make_lib(case.seed),
+        list(placing.devices),
+        policy=policy,
+        max_streams=placing.max_streams,
+    ) as ex:
+        check_plan(ex.plan)
+        for i, device in placing.pins.items():
+            assert str(ex.plan.placement[i]) == device
+        if params:
+            ex.load_params(params)
+        values = fresh()
+        got = ex.run_sync(**run_inputs(case, values))
+        assert_outputs(case, got, reference(case, values))
+        batches = [[fresh()], [fresh() for _ in range(concurrent)]]
+        results = anyio.run(awaited_runs, ex, case, batches, backend=backend)
+        for batch, outputs in zip(batches, results, strict=True):
+            for values, got in zip(batch, outputs, strict=True):
+                assert_outputs(case, got, reference(case, values))
+
+
+async def awaited_runs(
+    ex: graph_executor.GraphModule, case: Case, batches: list[list[dict[int, Array]]]
+) -> list[list[Any]]:
+    """Each batch's runs at once (batches one after another); their outputs."""
+    results: list[list[Any]] = []
+    for batch in batches:
+        results.append(await _at_once(ex, case, batch))
+    return results
+
+
+async def _at_once(
+    ex: graph_executor.GraphModule, case: Case, batch: list[dict[int, Array]]
+) -> list[Any]:
+    outputs: list[Any] = [None] * len(batch)
+
+    async def one(k: int, values: dict[int, Array]) -> None:
+        outputs[k] = await ex.run(**run_inputs(case, values))
+
+    async with anyio.create_task_group() as tg:
+        for k, values in enumerate(batch):
+            tg.start_soon(one, k, values)
+    return outputs
+
+
+COMMON = settings(
+    deadline=None,
+    database=None,
+    # The fixtures (sim reset, thread-leak check) hold for the whole test;
+    # every example closes its executors itself.
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+def run_placings(
+    data: st.DataObject, case: Case, user_policy: bool, backend: str
+) -> None:
+    configs = data.draw(sim_configs())
+    for _ in range(PLACEMENTS):
+        placing = data.draw(placings(case, user_policy))
+        concurrent = data.draw(st.integers(3, 5))
+        check_case(case, placing, concurrent, configs, backend)
+
+
+# -- the tests: cases = examples x PLACEMENTS, on each backend ---------------------
+
+
+@settings(COMMON, max_examples=90)
+@given(case=cases(), data=st.data())
+def test_pinned_and_named_policies(
+    anyio_backend: str, case: Case, data: st.DataObject
+) -> None:
+    """Builder pins over named policies (auto, heft, peft, fastest, single)."""
+    run_placings(data, case, False, anyio_backend)
+
+
+@settings(COMMON, max_examples=90)
+@given(case=cases(), data=st.data())
+def test_random_user_policy(
+    anyio_backend: str, case: Case, data: st.DataObject
+) -> None:
+    """A user policy drawing every node's device, plus some builder pins."""
+    run_placings(data, case, True, anyio_backend)
+
+
+@settings(COMMON, max_examples=30)
+@given(case=cases(with_slow=True), data=st.data())
+def test_slow_kernels_shake_interleavings(
+    anyio_backend: str, case: Case, data: st.DataObject
+) -> None:
+    """Kernels that sleep 0-1 ms first, so streams finish out of order."""
+    run_placings(data, case, data.draw(st.booleans()), anyio_backend)
+
+
+# -- regressions found by the tests above ---------------------------------------------
+
+
+def test_a_head_copied_back_early_is_read_from_its_host_copy(
+    anyio_backend: str,
+) -> None:
+    """Head ``a`` runs on sim:0 and is copied to the host early, because a
+    host node reads it; the planner may then reuse ``a``'s sim bytes (only
+    the host copy, ``plan.heads``, must live to the end). The executor must
+    return the host copy, not the reused device tensor."""
+    b = GraphBuilder()
+    x = b.input("x", shape=(4,), dtype="float32")
+    a = b.op("tanh", x, shape=(4,), dtype="float32", name="a", device="sim:0")
+    s = b.op("add", a, x, shape=(4,), dtype="float32", name="s", device="cpu:0")
+    t = b.op("tanh", s, shape=(4,), dtype="float32", name="t", device="sim:0")
+    b.output(a, t)
+    xv = np.linspace(-1.0, 1.0, 4, dtype=np.float32)
+    want = [np.tanh(xv), np.tanh(np.tanh(xv) + xv)]
+    with graph_executor.create(b.build(), None, ["cpu:0", "sim:0"]) as ex:
+        check_plan(ex.plan)
+        got = ex.run_sync(x=xv)
+        assert got is not None
+        np.testing.assert_array_equal(got[0].numpy(), want[0])
+        np.testing.assert_array_equal(got[1].numpy(), want[1])
+
+        async def awaited() -> list[Any] | None:
+            return await ex.run(x=xv)
+
+        got = anyio.run(awaited, backend=anyio_backend)
+        assert got is not None
+        np.testing.assert_array_equal(got[0].numpy(), want[0])
