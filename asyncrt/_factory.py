@@ -79,13 +79,15 @@ class GraphExecutorFactory:
 
         :raises KernelNotFoundError: if a kernel is missing for its device.
         """
-        executor = create(self.graph, self.lib, devices, max_contexts=max_contexts)
-        try:
-            executor.load_params(self._params_blob)
-        except BaseException:
-            executor.close()
-            raise
-        return executor
+        # Given at creation, the parameters are known to the planner as
+        # constants: copied once to the devices that read them.
+        return create(
+            self.graph,
+            self.lib,
+            devices,
+            max_contexts=max_contexts,
+            params=self._params_blob,
+        )
 
     def __getitem__(self, name: str) -> Callable[..., GraphModule]:
         """TVM's ``factory["default"](dev)``."""

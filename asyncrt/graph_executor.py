@@ -102,6 +102,7 @@ def create(
     memory_budget: int | None = None,
     policy: str | Policy = "auto",
     max_streams: int = 1,
+    params: bytes | bytearray | Mapping[str, Any] | None = None,
 ) -> GraphModule:
     """Create an executor (TVM's ``graph_executor.create``).
 
@@ -121,6 +122,10 @@ def create(
         callable (:data:`scheduler.placement.Policy`).
     :param max_streams: compute streams per device; independent branches
         run on different streams.
+    :param params: parameters to load now (as :meth:`GraphModule.load_params`
+        takes them). The planner then knows them as constants: a parameter
+        read on another device is copied there once, when loaded, instead of
+        on every run.
     :raises GraphError: if the graph is malformed.
     :raises KernelNotFoundError: if a node's kernel is missing for its device.
     :raises PlanError: if the graph cannot be planned on these devices.
@@ -134,6 +139,7 @@ def create(
         memory_budget=memory_budget,
         policy=policy,
         max_streams=max_streams,
+        params=params,
     )
 
 
@@ -158,9 +164,13 @@ class GraphModule:
         memory_budget: int | None = None,
         policy: str | Policy = "auto",
         max_streams: int = 1,
+        params: bytes | bytearray | Mapping[str, Any] | None = None,
     ) -> None:
         self.graph = graph
-        self._dag = to_dag(graph)
+        values = (
+            decode_params(params) if isinstance(params, (bytes, bytearray)) else params
+        )
+        self._dag = to_dag(graph, () if values is None else tuple(values))
         annotate_work(self._dag, lib)
 
         def supported(nid: int, device: Device) -> bool:
@@ -196,6 +206,10 @@ class GraphModule:
         self._own: RunContext | None = None
         self._running = 0  # run() calls under way, waiting ones included
         self._drained: anyio.Event | None = None
+        # Parameters read on other devices: copied there once, when loaded.
+        self._param_copies: dict[Entry, NDArray] = {}
+        if values is not None:
+            self.load_params(values)
 
     # -- building --------------------------------------------------------------
 
@@ -234,7 +248,10 @@ class GraphModule:
 
     def _new_context(self) -> RunContext:
         context = RunContext(
-            self.plan, self._kernels, self._owned_inputs(), self._params
+            self.plan,
+            self._kernels,
+            self._owned_inputs(),
+            {**self._params, **self._param_copies},
         )
         context.generation = self._generation
         return context
@@ -343,6 +360,8 @@ class GraphModule:
             target = self._params.get(entry)
             (target if target is not None else context.inputs[entry]).copyfrom(array)
             context.is_set.add(entry)
+        if any(e in self._params for e, _ in checked):
+            self._copy_params()
 
     def get_input(self, key: int | str) -> NDArray:
         """The executor's own input array (TVM's ``get_input``)."""
@@ -401,7 +420,24 @@ class GraphModule:
     def _rebind(self) -> None:
         self._generation += 1
         self._required_inputs = self._all_inputs - self._params.keys()
+        self._copy_params()
         self._pool.clear_idle()
+
+    def _copy_params(self) -> None:
+        """Bring the parameters' copies on other devices up to date (in
+        place, so contexts stay bound to them)."""
+        plan = self.plan
+        for copy, source in plan.constant_copies.items():
+            param = self._params.get(plan.resolve(source))
+            if param is None:
+                continue
+            spec = plan.tensors[copy]
+            view = NDArray(param.buffer, spec.shape, spec.dtype, param.byte_offset)
+            target = self._param_copies.get(copy)
+            if target is None:
+                target = empty(spec.shape, spec.dtype, plan.storage[copy].device)
+                self._param_copies[copy] = target
+            target.copyfrom(view)
 
     # -- running -----------------------------------------------------------------
 

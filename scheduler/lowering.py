@@ -6,7 +6,9 @@ the launches and how the streams order them:
 1. **Copies.** A tensor read on a device other than its own gets one
    ``__copy`` launch per consumer *device* (not per consumer); every
    consumer on that device reads the copy. Graph outputs computed away from
-   the host are copied back to it.
+   the host are copied back to it. A *parameter* read elsewhere gets a
+   constant copy instead: no launch, made once by the executor when the
+   parameters are loaded (``Lowered.constant_copies``).
 2. **Issue order.** Launches are taken in the order the placement predicted
    them to start (ties by topological position): a topological order, so a
    producer always comes before its consumers.
@@ -25,6 +27,7 @@ the launches and how the streams order them:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -49,6 +52,8 @@ class Lowered:
     :ivar tensors: shape and dtype of every tensor (copies included).
     :ivar aliases: ``__nop`` outputs and the tensor whose storage they use.
     :ivar heads: the graph's outputs, as tensors on the host.
+    :ivar constant_copies: copies of parameters made before any run: the
+        copy and the tensor it copies.
     """
 
     streams: tuple[StreamPlan, ...]
@@ -58,6 +63,7 @@ class Lowered:
     tensors: Mapping[Entry, TensorSpec]
     aliases: Mapping[Entry, Entry]
     heads: tuple[Entry, ...]
+    constant_copies: Mapping[Entry, Entry]
 
 
 def lower(
@@ -87,6 +93,8 @@ def lower(
     ] = []  # time, topo, ..., is_copy
     copies: dict[tuple[Entry, Device], Entry] = {}
     copy_at: dict[tuple[Entry, Device], int] = {}  # index in ``launches``
+    params = frozenset(graph_spec(dag).params)
+    constant_copies: dict[Entry, Entry] = {}
 
     def root(entry: Entry) -> Entry:
         return aliases.get(entry, entry)
@@ -103,6 +111,9 @@ def lower(
             copies[key] = copy
             tensors[copy] = tensors[entry]
             location[copy] = device
+            if root(entry).nid in params:
+                constant_copies[copy] = entry
+                return copy
             launch = Launch(
                 nid=copy.nid,
                 name=f"copy_{entry.nid}_{entry.index}_to_{device.kind}{device.index}",
@@ -112,7 +123,7 @@ def lower(
             )
             copy_at[key] = len(launches)
             launches.append((when, rank, launch, device, True))
-        else:
+        elif key in copy_at:
             # A shared copy goes before its earliest consumer, not its first
             # in topological order: issue order must stay topological.
             at = copy_at[key]
@@ -155,9 +166,10 @@ def lower(
     # Copies take their consumer's time and rank, so they sort just before it;
     # their sources are produced earlier still.
     launches.sort(key=lambda item: (item[0], item[1], not item[4]))
-    return _assign_streams(
+    lowered = _assign_streams(
         launches, devices, max_streams, tensors, location, aliases, heads
     )
+    return dataclasses.replace(lowered, constant_copies=constant_copies)
 
 
 def _assign_streams(
@@ -302,4 +314,5 @@ def _place_events(
         tensors=tensors,
         aliases=aliases,
         heads=heads,
+        constant_copies={},
     )

@@ -24,7 +24,9 @@ makespans compare):
   makespan includes copying them back, and the policies below add that copy
   when they choose a device for a head's producer;
 * null nodes (graph inputs and parameters) run nothing and live on the host
-  device, so an edge from one to a node elsewhere costs a copy.
+  device, so an edge from an input to a node elsewhere costs a copy; one
+  from a parameter costs nothing (parameters are copied to the devices that
+  read them once, when they are loaded).
 
 Pins, resolved by :func:`resolve_pins` before any policy choice:
 
@@ -228,6 +230,9 @@ class _Problem:
         self.preds = {n: tuple(sorted(dag.predecessors(n))) for n in self.topo}
         self.succs = {n: tuple(sorted(dag.successors(n))) for n in self.topo}
         self.nbytes = {(u, v): edge_nbytes(dag, u, v) for u, v in dag.edges}
+        # Parameters are copied to the devices that read them once, before
+        # any run (scheduler.lowering): reading one elsewhere costs no time.
+        self.params = frozenset(graph_spec(dag).params)
         # A __nop runs where its input 0 is (its output aliases that storage).
         self.follows: dict[int, int] = {}
         for nid in self.topo:
@@ -269,7 +274,7 @@ class _Problem:
         return able
 
     def edge_time(self, u: int, v: int, src: Device, dst: Device) -> float:
-        if src == dst:
+        if src == dst or u in self.params:
             return 0.0
         return self.cost.transfer_time(self.nbytes[u, v], src, dst)
 

@@ -13,7 +13,7 @@ many times by :mod:`scheduler.dispatch`; running it does no planning.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from devices import Device
@@ -131,9 +131,12 @@ class Plan:
     :ivar inputs: node ids of the graph's external tensors (inputs and
         parameters), bound by the executor.
     :ivar heads: the graph's outputs.
-    :ivar makespan: the placement's predicted run time in seconds (0 when
-        nothing was predicted: one device, one stream).
+    :ivar makespan: the predicted run time in seconds, from the cost
+        model the plan was made with.
     :ivar policy: the placement policy that produced the plan.
+    :ivar constant_copies: copies of parameters on the devices that read
+        them, made once by the executor before any run (stored as external
+        tensors): the copy and the tensor it copies.
     """
 
     host: Device
@@ -149,6 +152,7 @@ class Plan:
     heads: tuple[Entry, ...]
     makespan: float = 0.0
     policy: str = "single"
+    constant_copies: Mapping[Entry, Entry] = field(default_factory=dict)
 
     def launches(self) -> list[Launch]:
         """Every launch, in issue order."""
@@ -179,6 +183,12 @@ class Plan:
             lines.append(
                 f"  arena {device}: {arena.size} bytes "
                 f"(lower bound {arena.lower_bound}, {ratio:.3f}x)"
+            )
+        for copy, source in sorted(self.constant_copies.items()):
+            lines.append(
+                f"  parameter copy {copy.nid}.{copy.index} on "
+                f"{self.storage[copy].device} = {source.nid}.{source.index} "
+                "(made once)"
             )
         for index, stream in enumerate(self.streams):
             lines.append(f"  stream {index} on {stream.device}:")

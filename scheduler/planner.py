@@ -120,6 +120,7 @@ def plan_graph(
         )
     stream = StreamPlan(device, tuple(launches))
     graph = graph_spec(dag)
+    model = cost or AnalyticCostModel.from_devices(dag, devices, supported)
     return Plan(
         host=device,
         devices=(device,),
@@ -132,6 +133,8 @@ def plan_graph(
         arenas={device: Arena(arena_plan.size, arena_plan.lower_bound)},
         inputs=tuple(n for n in order if node_spec(dag, n).is_null),
         heads=graph.heads,
+        # One stream: the launches one after another.
+        makespan=sum(model.compute_time(launch.nid, device) for launch in launches),
     )
 
 
@@ -150,7 +153,7 @@ def _plan_streams(
     )
     storage: dict[Entry, TensorPlacement] = {}
     for entry, device in lowered.location.items():
-        if entry.nid in inputs:
+        if entry.nid in inputs or entry in lowered.constant_copies:
             storage[entry] = TensorPlacement(device, "external")
     for entry, owner in lowered.aliases.items():
         storage[entry] = TensorPlacement(
@@ -199,6 +202,7 @@ def _plan_streams(
         heads=lowered.heads,
         makespan=placement.makespan,
         policy=placement.policy,
+        constant_copies=lowered.constant_copies,
     )
 
 

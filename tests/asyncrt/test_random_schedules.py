@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import networkx as nx
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -392,18 +393,25 @@ def check_case(
         if placing.policy is not None
         else random_policy(case, placing.assign)
     )
+    # Half the cases declare the parameters at creation (the planner then
+    # copies them to other devices once, as constants); the others load them
+    # later (copied on every run, like inputs).
+    declared = bool(params) and case.seed % 2 == 0
     with graph_executor.create(
         build(case, placing),
         make_lib(case.seed),
         list(placing.devices),
         policy=policy,
         max_streams=placing.max_streams,
+        params=params if declared else None,
     ) as ex:
         check_plan(ex.plan)
         for i, device in placing.pins.items():
             assert str(ex.plan.placement[i]) == device
+        if not declared:
+            assert not ex.plan.constant_copies
         if params:
-            ex.load_params(params)
+            ex.load_params(params)  # again when declared: copies refresh
         values = fresh()
         got = ex.run_sync(**run_inputs(case, values))
         assert_outputs(case, got, reference(case, values))
@@ -518,3 +526,54 @@ def test_a_head_copied_back_early_is_read_from_its_host_copy(
         got = anyio.run(awaited, backend=anyio_backend)
         assert got is not None
         np.testing.assert_array_equal(got[0].numpy(), want[0])
+
+
+def test_parameters_read_elsewhere_are_copied_once(anyio_backend: str) -> None:
+    """A parameter declared at creation and read on sim:0 is copied there
+    when loaded (a constant copy, no launch); changing it with ``set_input``
+    or ``load_params`` refreshes the copy; an undeclared one is copied by a
+    launch on every run."""
+    b = GraphBuilder()
+    x = b.input("x", shape=(4,), dtype="float32")
+    w = b.param("w", shape=(4,), dtype="float32")
+    y = b.op("add", x, w, shape=(4,), dtype="float32", name="y", device="sim:0")
+    b.output(y)
+    graph = b.build()
+    xv = np.arange(4, dtype=np.float32)
+    wv = np.full(4, 0.5, np.float32)
+    with graph_executor.create(graph, None, ["cpu:0", "sim:0"], params={"w": wv}) as ex:
+        check_plan(ex.plan)
+        assert len(ex.plan.constant_copies) == 1
+        copies = [s for s in ex.plan.launches() if s.func_name == "__copy"]
+        assert [c.args[0].nid for c in copies] == [0, 2]  # x in, y back: not w
+        assert "parameter copy" in str(ex.plan)
+
+        async def run() -> Any:
+            return await ex.run(x=xv)
+
+        got = anyio.run(run, backend=anyio_backend)
+        np.testing.assert_array_equal(got[0].numpy(), xv + wv)
+        ex.set_input("w", wv * 4)
+        got = anyio.run(run, backend=anyio_backend)
+        np.testing.assert_array_equal(got[0].numpy(), xv + 4 * wv)
+        ex.load_params({"w": wv * 8})
+        got = anyio.run(run, backend=anyio_backend)
+        np.testing.assert_array_equal(got[0].numpy(), xv + 8 * wv)
+    with graph_executor.create(graph, None, ["cpu:0", "sim:0"]) as ex:
+        assert not ex.plan.constant_copies
+        copies = [s for s in ex.plan.launches() if s.func_name == "__copy"]
+        assert sorted(c.args[0].nid for c in copies) == [0, 1, 2]
+        ex.load_params({"w": wv})
+        got = anyio.run(run, backend=anyio_backend)
+        np.testing.assert_array_equal(got[0].numpy(), xv + wv)
+
+
+def test_unknown_parameter_names_at_creation_are_a_graph_error() -> None:
+    b = GraphBuilder()
+    x = b.input("x", shape=(2,), dtype="float32")
+    y = b.op("tanh", x, shape=(2,), dtype="float32", name="y", device="sim:0")
+    b.output(y)
+    with pytest.raises(asyncrt.errors.GraphError, match="nope"):
+        graph_executor.create(
+            b.build(), None, ["cpu:0", "sim:0"], params={"nope": np.ones(2)}
+        )
