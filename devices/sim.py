@@ -14,8 +14,11 @@ machine without a GPU. Each ``sim:N`` has
   copy lasts at least ``latency + nbytes / bandwidth``. Work
   runs on the host, then the stream sleeps away the rest of the modelled
   time, so a simulated device that is "busy" costs no host CPU and several
-  of them overlap like separate chips. The model is exact by construction,
-  which makes it the reference for the scheduler's cost model.
+  of them overlap like separate chips. A device has one compute engine:
+  timed calls from its streams take turns on it (as large kernels from
+  several CUDA streams share one GPU), while copies, like a GPU's copy
+  engines, overlap with them. The model is exact by construction, which
+  makes it the reference for the scheduler's cost model.
 
 Configure the devices before use with :func:`configure`.
 """
@@ -95,19 +98,26 @@ class SimAllocation:
 
 
 class SimStream(Stream):
-    """A sim stream: each call lasts at least its modelled duration."""
+    """A sim stream: each call lasts at least its modelled duration, on the
+    device's one compute engine (shared by the device's streams)."""
 
-    def __init__(self, device: Device, config: SimConfig) -> None:
+    def __init__(
+        self, device: Device, config: SimConfig, engine: threading.Lock
+    ) -> None:
         self._config = config
+        self._engine = engine
         super().__init__(device)
 
     def _execute(
         self, fn: Callable[..., Any], args: tuple[Any, ...], work: float
     ) -> None:
-        start = time.perf_counter()
-        fn(*args)
         seconds = self._config.compute_seconds(work)
-        if seconds > 0:
+        if seconds <= 0:  # untimed (copies time themselves): no engine turn
+            fn(*args)
+            return
+        with self._engine:
+            start = time.perf_counter()
+            fn(*args)
             _sleep_until(start + seconds)
 
 
@@ -121,6 +131,7 @@ class SimDeviceAPI(DeviceAPI):
         self._configs: list[SimConfig] = [SimConfig(), SimConfig()]
         self._addresses = itertools.count(0x1000_0000, 0x100)
         self._config_lock = threading.Lock()
+        self._engines: dict[int, threading.Lock] = {}
 
     def configure(
         self, count: int, configs: Sequence[SimConfig] | SimConfig = _DEFAULT
@@ -176,7 +187,9 @@ class SimDeviceAPI(DeviceAPI):
         return SimAllocation(address, np.empty(nbytes, dtype=np.uint8))
 
     def _create_stream(self, device: Device) -> Stream:
-        return SimStream(device, self._configs[device.index])
+        with self._config_lock:
+            engine = self._engines.setdefault(device.index, threading.Lock())
+        return SimStream(device, self._configs[device.index], engine)
 
     def view(
         self, buffer: Buffer, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any]
