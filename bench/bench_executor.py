@@ -10,7 +10,8 @@ within this one run, because the shared machine drifts between runs.
     PEER_PY=/path/to/peers-venv/bin/python \\
         python bench/bench_executor.py --workload W1 --json out.json
 
-asyncrt variants:
+asyncrt variants (append ``-sN`` for N compute streams, e.g.
+``asyncrt-stateful-s2``):
 
 * ``asyncrt-sync``: ``ex.run_sync(**feed)`` — inputs copied in, outputs
   copied out, every run (what a blocking caller pays);
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -115,10 +117,18 @@ def child(wl_name: str, variant: str, a: argparse.Namespace) -> None:
     rss_base = peers.maxrss_mb()
     t0 = time.perf_counter()
     graph, lib, params = to_asyncrt(wl, workloads)
-    ex = graph_executor.create(graph, lib, a.device)
-    ex.load_params(params)
+    # "...-s2": the same variant with 2 compute streams on the device.
+    streams = re.search(r"-s(\d+)$", variant)
+    variant_base = variant[: streams.start()] if streams else variant
+    ex = graph_executor.create(
+        graph,
+        lib,
+        a.device,
+        max_streams=int(streams.group(1)) if streams else 1,
+        params=params,
+    )
     setup_s = time.perf_counter() - t0
-    if variant == "asyncrt-stateful":
+    if variant_base == "asyncrt-stateful":
         ex.set_input(**feed)
 
         def fn() -> list[Any]:
@@ -126,7 +136,7 @@ def child(wl_name: str, variant: str, a: argparse.Namespace) -> None:
             return [ex.get_output(i) for i in range(ex.get_num_outputs())]
 
         times, cpu_run, nwarm = peers.measure_sync(fn, a)
-    elif variant == "asyncrt-sync":
+    elif variant_base == "asyncrt-sync":
 
         def fn() -> list[Any]:
             return ex.run_sync(**feed) or []

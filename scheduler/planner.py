@@ -147,7 +147,18 @@ def _plan_streams(
 ) -> Plan:
     """Several devices or streams: place, lower, then plan storage."""
     placement = place(dag, devices, cost, policy)
-    lowered = lower(dag, devices, placement.device_of, placement.start, max_streams)
+    start: Mapping[int, float] = placement.start
+    if len(devices) == 1:
+        # One device, several streams: issue in the graph's own topological
+        # order (lowest id first: depth-first along branches), so each
+        # stream runs whole chains and their buffers are reused while hot.
+        # (List schedulers would interleave equal-rank branches breadth-first,
+        # which predicts the same time but keeps every branch's tensors live.)
+        start = {
+            nid: float(i)
+            for i, nid in enumerate(nx.lexicographical_topological_sort(dag))
+        }
+    lowered = lower(dag, devices, placement.device_of, start, max_streams)
     inputs = tuple(
         n for n in nx.lexicographical_topological_sort(dag) if node_spec(dag, n).is_null
     )
