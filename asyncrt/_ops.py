@@ -10,12 +10,15 @@ destination-passing convention, so such a kernel costs one C call and no
 temporaries.
 
 Names follow the ONNX/Relay spelling in lower case (``add``, ``relu``,
-``matmul``, ...). The full operator library is the ONNX frontend's job; this
-set covers elementwise math, matmul, bias, softmax, reductions and copies.
+``matmul``, ...). This set covers elementwise math (arithmetic,
+transcendental and activation functions, comparisons, logic), matmul, bias,
+softmax, reductions and copies; ops configured by attributes (convolution,
+pooling, normalisation, shape ops) live in :mod:`asyncrt.ops`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 from collections.abc import Callable, Sequence
@@ -181,5 +184,206 @@ for _name, _make, _flops in (
     ("softmax", _softmax, _TRANSCENDENTAL),
     ("sum", _sum, None),
     ("reduce_sum", _reduce_sum, None),
+):
+    register_for_all_kinds(_name, _make, _flops)
+
+
+# -- more elementwise kernels, one per ONNX elementwise op -------------------
+
+
+def _quiet(xp: ModuleType) -> Any:
+    """numpy's errstate that keeps IEEE results (inf, nan) without warnings;
+    cupy never warns, so it needs none."""
+    return xp.errstate(all="ignore") if xp is np else contextlib.nullcontext()
+
+
+def _quiet_ufunc(ufunc: str) -> KernelFactory:
+    """A ufunc whose domain errors are IEEE results (log(0) = -inf), not
+    warnings: ONNX defines them so."""
+
+    def make(xp: ModuleType) -> Callable[..., None]:
+        func = getattr(xp, ufunc)
+
+        def kernel(*args: Array) -> None:
+            with _quiet(xp):
+                func(*args)
+
+        return kernel
+
+    return make
+
+
+def _erf(xp: ModuleType) -> Callable[..., None]:
+    # scipy's erf ufunc (cupyx's on cuda), imported on first use: it is not
+    # worth its import time to programs that never call it.
+    special = "scipy.special" if xp is np else "cupyx.scipy.special"
+
+    def erf(a: Array, out: Array) -> None:
+        importlib.import_module(special).erf(a, out)
+
+    return erf
+
+
+def _softplus(xp: ModuleType) -> Callable[..., None]:
+    def softplus(a: Array, out: Array) -> None:
+        xp.logaddexp(a, 0, out)  # log(1 + e^x) without overflow
+
+    return softplus
+
+
+def _softsign(xp: ModuleType) -> Callable[..., None]:
+    def softsign(a: Array, out: Array) -> None:
+        xp.absolute(a, out)
+        xp.add(out, 1, out)
+        xp.divide(a, out, out)
+
+    return softsign
+
+
+def _mish(xp: ModuleType) -> Callable[..., None]:
+    def mish(a: Array, out: Array) -> None:
+        xp.logaddexp(a, 0, out)
+        xp.tanh(out, out)
+        xp.multiply(a, out, out)
+
+    return mish
+
+
+def _hard_swish(xp: ModuleType) -> Callable[..., None]:
+    def hard_swish(a: Array, out: Array) -> None:
+        xp.multiply(a, 1 / 6, out)
+        xp.add(out, 0.5, out)
+        xp.clip(out, 0, 1, out=out)
+        xp.multiply(a, out, out)
+
+    return hard_swish
+
+
+def _prelu(xp: ModuleType) -> Callable[..., None]:
+    def prelu(a: Array, slope: Array, out: Array) -> None:
+        xp.multiply(a, slope, out)
+        xp.copyto(out, xp.broadcast_to(a, out.shape), where=a >= 0)
+
+    return prelu
+
+
+def _trunc_divide(xp: ModuleType) -> Callable[..., None]:
+    def trunc_divide(a: Array, b: Array, out: Array) -> None:
+        # C's integer division, as ONNX's Div: a - fmod(a, b) is an exact
+        # multiple of b, so floor division of it truncates toward zero.
+        with _quiet(xp):
+            xp.subtract(a, xp.fmod(a, b), out)
+            xp.floor_divide(out, b, out)
+
+    return trunc_divide
+
+
+def _power_cast(xp: ModuleType) -> Callable[..., None]:
+    def power_cast(a: Array, b: Array, out: Array) -> None:
+        # ONNX's Pow of mixed types: computed in the common type, cast to
+        # the base's.
+        with _quiet(xp):
+            xp.power(a, b, out=out, casting="unsafe")
+
+    return power_cast
+
+
+def _cast(xp: ModuleType) -> Callable[..., None]:
+    def cast(a: Array, out: Array) -> None:
+        with _quiet(xp):  # NaN or out-of-range to int: undefined, not an error
+            out[...] = a
+
+    return cast
+
+
+def _where(xp: ModuleType) -> Callable[..., None]:
+    def where(cond: Array, a: Array, b: Array, out: Array) -> None:
+        xp.copyto(out, b)  # broadcasts, no temporary
+        xp.copyto(out, a, where=cond)
+
+    return where
+
+
+def _variadic(ufunc: str) -> KernelFactory:
+    """``max``/``min``/``sum`` of any number of inputs, folded pairwise."""
+
+    def make(xp: ModuleType) -> Callable[..., None]:
+        func = getattr(xp, ufunc)
+
+        def kernel(*args: Array) -> None:
+            *inputs, out = args
+            if len(inputs) == 1:
+                out[...] = inputs[0]
+                return
+            func(inputs[0], inputs[1], out=out)
+            for other in inputs[2:]:
+                func(out, other, out=out)
+
+        return kernel
+
+    return make
+
+
+def _mean(xp: ModuleType) -> Callable[..., None]:
+    total = _variadic("add")(xp)
+
+    def mean(*args: Array) -> None:
+        total(*args)
+        xp.divide(args[-1], len(args) - 1, args[-1])
+
+    return mean
+
+
+for _name, _func, _flops in (
+    ("reciprocal", "reciprocal", None),
+    ("floor", "floor", None),
+    ("ceil", "ceil", None),
+    ("round", "rint", None),  # ONNX rounds half to even, as rint does
+    ("sign", "sign", None),
+    ("sin", "sin", _TRANSCENDENTAL),
+    ("cos", "cos", _TRANSCENDENTAL),
+    ("tan", "tan", _TRANSCENDENTAL),
+    ("asin", "arcsin", _TRANSCENDENTAL),
+    ("acos", "arccos", _TRANSCENDENTAL),
+    ("atan", "arctan", _TRANSCENDENTAL),
+    ("sinh", "sinh", _TRANSCENDENTAL),
+    ("cosh", "cosh", _TRANSCENDENTAL),
+    ("asinh", "arcsinh", _TRANSCENDENTAL),
+    ("acosh", "arccosh", _TRANSCENDENTAL),
+    ("atanh", "arctanh", _TRANSCENDENTAL),
+    ("equal", "equal", None),
+    ("less", "less", None),
+    ("less_equal", "less_equal", None),
+    ("greater", "greater", None),
+    ("greater_equal", "greater_equal", None),
+    ("logical_and", "logical_and", None),
+    ("logical_or", "logical_or", None),
+    ("logical_xor", "logical_xor", None),
+    ("logical_not", "logical_not", None),
+    ("isnan", "isnan", None),
+    ("bitwise_and", "bitwise_and", None),
+    ("bitwise_or", "bitwise_or", None),
+    ("bitwise_xor", "bitwise_xor", None),
+    ("bitwise_not", "invert", None),
+    ("fmod", "fmod", None),
+    ("mod", "remainder", None),  # the sign of the divisor, as Python's %
+    ("floor_divide", "floor_divide", None),
+):
+    register_for_all_kinds(_name, _quiet_ufunc(_func), _flops)
+
+for _name, _make, _flops in (
+    ("erf", _erf, _TRANSCENDENTAL),
+    ("softplus", _softplus, _TRANSCENDENTAL),
+    ("softsign", _softsign, None),
+    ("mish", _mish, _TRANSCENDENTAL),
+    ("hard_swish", _hard_swish, None),
+    ("prelu", _prelu, None),
+    ("trunc_divide", _trunc_divide, None),
+    ("power_cast", _power_cast, _TRANSCENDENTAL),
+    ("cast", _cast, None),
+    ("where", _where, None),
+    ("max", _variadic("maximum"), None),
+    ("min", _variadic("minimum"), None),
+    ("mean", _mean, None),
 ):
     register_for_all_kinds(_name, _make, _flops)

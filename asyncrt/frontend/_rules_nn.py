@@ -1,0 +1,130 @@
+"""Rules for convolution, pooling, normalisation and matrix products."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._rules import Call, Lowering, NodeContext, rule
+
+__all__ = ()
+
+_WINDOW_ATTRS = ("auto_pad", "dilations", "kernel_shape", "pads", "strides")
+
+
+def _window(ctx: NodeContext, kernel: list[int] | None = None) -> dict[str, Any]:
+    """The geometry attributes of a convolution or pooling node."""
+    ctx.refuse("auto_pad", ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"))
+    shape = kernel if kernel is not None else ctx.attr("kernel_shape")
+    if shape is None:
+        raise ctx.unsupported("kernel_shape is required", attribute="kernel_shape")
+    rank = len(shape)
+    return {
+        "kernel_shape": list(shape),
+        "strides": list(ctx.attr("strides", [1] * rank)),
+        "dilations": list(ctx.attr("dilations", [1] * rank)),
+        "pads": list(ctx.attr("pads")) if ctx.attr("pads") is not None else None,
+        "auto_pad": ctx.attr("auto_pad", "NOTSET"),
+    }
+
+
+@rule("Conv", attrs=(*_WINDOW_ATTRS, "group"))
+def _conv(ctx: NodeContext) -> Lowering:
+    weight = ctx.spec(1).shape
+    kernel = ctx.attr("kernel_shape", list(weight[2:]))
+    attrs = _window(ctx, list(kernel))
+    attrs["group"] = int(ctx.attr("group", 1))
+    attrs["bias"] = ctx.has(2)
+    return Call("conv", (0, 1, 2) if ctx.has(2) else (0, 1), attrs)
+
+
+@rule("MaxPool", attrs=(*_WINDOW_ATTRS, "ceil_mode", "storage_order"))
+def _max_pool(ctx: NodeContext) -> Lowering:
+    attrs = _window(ctx)
+    attrs["indices"] = ctx.num_outputs == 2
+    attrs["storage_order"] = int(ctx.attr("storage_order", 0))
+    return Call("max_pool", (0,), attrs)  # ceil_mode is in the output's shape
+
+
+@rule("AveragePool", attrs=(*_WINDOW_ATTRS, "ceil_mode", "count_include_pad"))
+def _avg_pool(ctx: NodeContext) -> Lowering:
+    attrs = _window(ctx)
+    attrs["count_include_pad"] = bool(ctx.attr("count_include_pad", 0))
+    return Call("avg_pool", (0,), attrs)
+
+
+@rule("GlobalAveragePool")
+def _global_avg_pool(ctx: NodeContext) -> Lowering:
+    return Call("global_avg_pool", (0,), {})
+
+
+@rule("GlobalMaxPool")
+def _global_max_pool(ctx: NodeContext) -> Lowering:
+    return Call("global_max_pool", (0,), {})
+
+
+@rule(
+    "BatchNormalization",
+    attrs=("epsilon", "momentum", "training_mode", "spatial", "is_test"),
+)
+def _batch_norm(ctx: NodeContext) -> Lowering:
+    ctx.refuse("training_mode", (0,))
+    ctx.refuse("spatial", (1,))
+    if ctx.num_outputs != 1:
+        raise ctx.unsupported("training outputs (running mean and variance)")
+    attrs = {"epsilon": float(ctx.attr("epsilon", 1e-5))}
+    return Call("batch_norm", (0, 1, 2, 3, 4), attrs)
+
+
+@rule("InstanceNormalization", attrs=("epsilon",))
+def _instance_norm(ctx: NodeContext) -> Lowering:
+    attrs = {"epsilon": float(ctx.attr("epsilon", 1e-5))}
+    return Call("instance_norm", (0, 1, 2), attrs)
+
+
+@rule("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
+def _layer_norm(ctx: NodeContext) -> Lowering:
+    stats = ctx.outputs[1:]
+    attrs = {
+        "axis": int(ctx.attr("axis", -1)),
+        "epsilon": float(ctx.attr("epsilon", 1e-5)),
+        "bias": ctx.has(2),
+        "stats": len(stats),
+        # Mean and InvStdDev are computed in the stash type (float32 by
+        # default); without them, in the input's own type.
+        "stash_dtype": "float32" if ctx.attr("stash_type", 1) == 1 else None,
+    }
+    return Call("layer_norm", (0, 1, 2) if ctx.has(2) else (0, 1), attrs)
+
+
+@rule("LRN", attrs=("alpha", "beta", "bias", "size"))
+def _lrn(ctx: NodeContext) -> Lowering:
+    attrs = {
+        "alpha": float(ctx.attr("alpha", 1e-4)),
+        "beta": float(ctx.attr("beta", 0.75)),
+        "bias": float(ctx.attr("bias", 1.0)),
+        "size": int(ctx.attr("size")),
+    }
+    return Call("lrn", (0,), attrs)
+
+
+@rule("MatMul")
+def _matmul(ctx: NodeContext) -> Lowering:
+    return Call("matmul", (0, 1))
+
+
+@rule("Gemm", attrs=("alpha", "beta", "transA", "transB"))
+def _gemm(ctx: NodeContext) -> Lowering:
+    attrs = {
+        "alpha": float(ctx.attr("alpha", 1.0)),
+        "beta": float(ctx.attr("beta", 1.0)),
+        "trans_a": bool(ctx.attr("transA", 0)),
+        "trans_b": bool(ctx.attr("transB", 0)),
+        "bias": ctx.has(2),
+    }
+    return Call("gemm", (0, 1, 2) if ctx.has(2) else (0, 1), attrs)
+
+
+@rule("Einsum", attrs=("equation",))
+def _einsum(ctx: NodeContext) -> Lowering:
+    equation = str(ctx.attr("equation")).replace(" ", "")
+    return Call("einsum", tuple(range(len(ctx.inputs))), {"equation": equation})

@@ -1,0 +1,92 @@
+"""Helpers every op module shares: checked attribute reads and quiet math."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ._registry import Attrs
+
+__all__ = ("Array", "choice", "flag", "integer", "ints", "number", "opt_ints", "quiet")
+
+#: A numpy or cupy array.
+Array = Any
+_NON_FINITE = ("inf", "-inf", "nan")
+
+
+def quiet(xp: ModuleType) -> contextlib.AbstractContextManager[Any]:
+    """numpy's errstate keeping IEEE results (inf, nan) without warnings;
+    ONNX defines them. cupy never warns, so it needs none."""
+    if xp is np:
+        return np.errstate(all="ignore")
+    return contextlib.nullcontext()
+
+
+def ints(attrs: Attrs, key: str) -> tuple[int, ...]:
+    """A list of integers.
+
+    :raises ValueError: if it is missing or not a list of integers.
+    """
+    value = attrs.get(key)
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ValueError(f"attribute {key!r} must be a list of integers: {value!r}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise ValueError(f"attribute {key!r} must hold integers: {value!r}")
+    return tuple(value)
+
+
+def opt_ints(attrs: Attrs, key: str) -> tuple[int, ...] | None:
+    """A list of integers, or ``None`` where the attribute is null."""
+    return None if attrs.get(key) is None else ints(attrs, key)
+
+
+def number(attrs: Attrs, key: str) -> float:
+    """A number (int or float; ``"inf"``, ``"-inf"`` or ``"nan"`` for the
+    non-finite ones, which JSON cannot spell).
+
+    :raises ValueError: if it is missing or not a number.
+    """
+    value = attrs.get(key)
+    if value in _NON_FINITE:
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"attribute {key!r} must be a number: {value!r}")
+    return float(value)
+
+
+def integer(attrs: Attrs, key: str) -> int:
+    """An integer.
+
+    :raises ValueError: if it is missing or not an integer.
+    """
+    value = attrs.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"attribute {key!r} must be an integer: {value!r}")
+    return value
+
+
+def flag(attrs: Attrs, key: str) -> bool:
+    """A boolean.
+
+    :raises ValueError: if it is missing or not a boolean.
+    """
+    value = attrs.get(key)
+    if not isinstance(value, bool):
+        raise ValueError(f"attribute {key!r} must be true or false: {value!r}")
+    return value
+
+
+def choice(attrs: Attrs, key: str, options: Sequence[str]) -> str:
+    """One of ``options``.
+
+    :raises ValueError: if it is missing or not one of them.
+    """
+    value = attrs.get(key)
+    if value not in options:
+        raise ValueError(f"attribute {key!r} must be one of {list(options)}: {value!r}")
+    return str(value)

@@ -1,0 +1,115 @@
+"""Sliding windows over the spatial axes: the geometry convolution and
+pooling share.
+
+Inputs are ``(N, C, *spatial)``. The output's spatial shape is the caller's
+(the planned output array's) and is the source of truth: ONNX's shape rules,
+``ceil_mode`` included, have already decided it. From it and the attributes
+we derive the padding, pad once, and take a strided *view* of every window
+(:func:`numpy.lib.stride_tricks.sliding_window_view`): no copies until a
+kernel reduces or gathers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import ModuleType
+
+from ._common import Array
+
+__all__ = ("Geometry", "pad_spatial", "windows")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Kernel extent, strides, dilations and padding of a window op.
+
+    :ivar kernel: the window's size per spatial axis.
+    :ivar strides: steps between windows.
+    :ivar dilations: steps inside a window.
+    :ivar pads: explicit pads, ``begin...`` then ``end...``, or ``None``.
+    :ivar auto_pad: ONNX's ``NOTSET``, ``VALID``, ``SAME_UPPER`` or
+        ``SAME_LOWER``.
+    """
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads: tuple[int, ...] | None
+    auto_pad: str
+
+    def extent(self, axis: int) -> int:
+        """The span of a dilated window along ``axis``."""
+        return (self.kernel[axis] - 1) * self.dilations[axis] + 1
+
+    def padding(
+        self, in_shape: tuple[int, ...], out_shape: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """Pads for these spatial shapes: ``(begin, end, reach)``.
+
+        ``end`` is the explicit (or automatic) padding; ``reach`` extends it
+        where ``ceil_mode`` lets the last window run past the padded input.
+        """
+        rank = len(in_shape)
+        need = [
+            (out - 1) * stride + self.extent(axis)
+            for axis, (out, stride) in enumerate(
+                zip(out_shape, self.strides, strict=True)
+            )
+        ]
+        if self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            total = [max(0, n - i) for n, i in zip(need, in_shape, strict=True)]
+            small = tuple(t // 2 for t in total)
+            large = tuple(t - t // 2 for t in total)
+            begin, end = (
+                (small, large) if self.auto_pad == "SAME_UPPER" else (large, small)
+            )
+        elif self.auto_pad == "VALID" or self.pads is None:
+            begin = end = (0,) * rank
+        else:
+            begin, end = self.pads[:rank], self.pads[rank:]
+        reach = tuple(
+            max(e, n - i - b)
+            for n, i, b, e in zip(need, in_shape, begin, end, strict=True)
+        )
+        return begin, end, reach
+
+
+def pad_spatial(
+    xp: ModuleType,
+    a: Array,
+    begin: tuple[int, ...],
+    end: tuple[int, ...],
+    value: float | int,
+) -> Array:
+    """``a`` padded on its spatial axes with ``value`` (``a`` if no pads)."""
+    if not any(begin) and not any(end):
+        return a
+    width = [(0, 0), (0, 0), *zip(begin, end, strict=True)]
+    return xp.pad(a, width, mode="constant", constant_values=value)
+
+
+def windows(
+    xp: ModuleType, padded: Array, geometry: Geometry, out_shape: tuple[int, ...]
+) -> Array:
+    """A view ``(N, C, *out_shape, *kernel)`` of the windows of ``padded``."""
+    rank = len(out_shape)
+    extents = tuple(geometry.extent(axis) for axis in range(rank))
+    view = xp.lib.stride_tricks.sliding_window_view(
+        padded, extents, axis=tuple(range(2, 2 + rank))
+    )
+    index = (
+        slice(None),
+        slice(None),
+        *(
+            slice(0, (o - 1) * s + 1, s)
+            for o, s in zip(out_shape, geometry.strides, strict=True)
+        ),
+        *(slice(None, None, d) for d in geometry.dilations),
+    )
+    return view[index]
+
+
+def window_count(geometry: Geometry) -> int:
+    """How many elements a window holds."""
+    return math.prod(geometry.kernel)

@@ -1,0 +1,166 @@
+"""Elementwise functions configured by attributes: leaky and exponential
+linear units, hard sigmoid, thresholds, Gelu, Clip, IsInf.
+
+The attribute-free elementwise functions (``relu``, ``tanh``, ``erf``, ...)
+are built-in kernels of :mod:`asyncrt._ops`, named after the function alone,
+so that passes which recognise elementwise kernels by name see them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from types import ModuleType
+
+from ._common import Array, choice, flag, number, quiet
+from ._registry import Attrs, define
+
+__all__ = ()
+
+Kernel = Callable[..., None]
+
+
+def _positive_part(xp: ModuleType, a: Array, out: Array) -> None:
+    """Where ``a > 0``, ``out = a`` (``out`` holds the negative branch)."""
+    xp.copyto(out, a, where=a > 0)
+
+
+@define("leaky_relu")
+def _leaky_relu(xp: ModuleType, attrs: Attrs) -> Kernel:
+    alpha = number(attrs, "alpha")
+
+    def leaky_relu(a: Array, out: Array) -> None:
+        xp.multiply(a, alpha, out, casting="unsafe")
+        _positive_part(xp, a, out)
+
+    return leaky_relu
+
+
+@define("elu")
+def _elu(xp: ModuleType, attrs: Attrs) -> Kernel:
+    alpha = number(attrs, "alpha")
+    gamma = number(attrs, "gamma")  # 1 for Elu, Selu's scale otherwise
+
+    def elu(a: Array, out: Array) -> None:
+        with quiet(xp):
+            xp.expm1(a, out)
+        xp.multiply(out, alpha, out, casting="unsafe")
+        _positive_part(xp, a, out)
+        if gamma != 1:
+            xp.multiply(out, gamma, out, casting="unsafe")
+
+    return elu
+
+
+@define("celu")
+def _celu(xp: ModuleType, attrs: Attrs) -> Kernel:
+    alpha = number(attrs, "alpha")
+
+    def celu(a: Array, out: Array) -> None:
+        with quiet(xp):
+            xp.divide(a, alpha, out, casting="unsafe")
+            xp.expm1(out, out)
+        xp.multiply(out, alpha, out, casting="unsafe")
+        _positive_part(xp, a, out)
+
+    return celu
+
+
+@define("hard_sigmoid")
+def _hard_sigmoid(xp: ModuleType, attrs: Attrs) -> Kernel:
+    alpha, beta = number(attrs, "alpha"), number(attrs, "beta")
+
+    def hard_sigmoid(a: Array, out: Array) -> None:
+        xp.multiply(a, alpha, out, casting="unsafe")
+        xp.add(out, beta, out, casting="unsafe")
+        xp.clip(out, 0, 1, out=out)
+
+    return hard_sigmoid
+
+
+@define("thresholded_relu")
+def _thresholded_relu(xp: ModuleType, attrs: Attrs) -> Kernel:
+    alpha = number(attrs, "alpha")
+
+    def thresholded_relu(a: Array, out: Array) -> None:
+        out[...] = 0
+        xp.copyto(out, a, where=a > alpha)
+
+    return thresholded_relu
+
+
+@define("shrink")
+def _shrink(xp: ModuleType, attrs: Attrs) -> Kernel:
+    lambd, bias = number(attrs, "lambd"), number(attrs, "bias")
+
+    def shrink(a: Array, out: Array) -> None:
+        out[...] = 0
+        with quiet(xp):
+            xp.copyto(out, a + bias, where=a < -lambd, casting="unsafe")
+            xp.copyto(out, a - bias, where=a > lambd, casting="unsafe")
+
+    return shrink
+
+
+@define("gelu")
+def _gelu(xp: ModuleType, attrs: Attrs) -> Kernel:
+    tanh = choice(attrs, "approximate", ("none", "tanh")) == "tanh"
+    erf_module = "scipy.special" if xp.__name__ == "numpy" else "cupyx.scipy.special"
+
+    def gelu(a: Array, out: Array) -> None:
+        if tanh:
+            # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+            xp.multiply(a, a, out)
+            xp.multiply(out, 0.044715, out)
+            xp.add(out, 1, out)
+            xp.multiply(out, a, out)
+            xp.multiply(out, math.sqrt(2 / math.pi), out)
+            xp.tanh(out, out)
+        else:
+            # 0.5 x (1 + erf(x / sqrt(2)))
+            xp.multiply(a, 1 / math.sqrt(2), out)
+            _erf(erf_module)(out, out)
+        xp.add(out, 1, out)
+        xp.multiply(out, a, out)
+        xp.multiply(out, 0.5, out)
+
+    return gelu
+
+
+def _erf(module: str) -> Callable[..., None]:
+    erf: Callable[..., None] = importlib.import_module(module).erf
+    return erf
+
+
+@define("clip")
+def _clip(xp: ModuleType, attrs: Attrs) -> Kernel:
+    low, high = attrs.get("min"), attrs.get("max")
+    for key, value in (("min", low), ("max", high)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float))
+        ):
+            raise ValueError(f"attribute {key!r} must be a number or null: {value!r}")
+
+    def clip(a: Array, out: Array) -> None:
+        xp.copyto(out, a)
+        if low is not None:
+            xp.maximum(out, low, out=out, casting="unsafe")
+        if high is not None:
+            xp.minimum(out, high, out=out, casting="unsafe")
+
+    return clip
+
+
+@define("isinf")
+def _isinf(xp: ModuleType, attrs: Attrs) -> Kernel:
+    positive, negative = flag(attrs, "positive"), flag(attrs, "negative")
+
+    def isinf(a: Array, out: Array) -> None:
+        xp.isinf(a, out)
+        if not positive:
+            xp.logical_and(out, a < 0, out)
+        if not negative:
+            xp.logical_and(out, a > 0, out)
+
+    return isinf

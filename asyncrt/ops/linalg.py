@@ -1,0 +1,45 @@
+"""Matrix products configured by attributes: ONNX's Gemm."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+from scheduler.dag import TensorSpec
+
+from ._common import Array, flag, number
+from ._registry import Attrs, define
+
+__all__ = ()
+
+Kernel = Callable[..., None]
+
+
+def _gemm_flops(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]) -> float:
+    """A multiply-add per output element per reduced element: with A (M, K),
+    B (K, N) and Y (M, N), whatever the transposes, K^2 = |A| |B| / |Y|."""
+    if not outs[0].size:
+        return 0.0
+    return 2.0 * outs[0].size * math.sqrt(ins[0].size * ins[1].size / outs[0].size)
+
+
+@define("gemm", flops=_gemm_flops)
+def _gemm(xp: ModuleType, attrs: Attrs) -> Kernel:
+    alpha, beta = number(attrs, "alpha"), number(attrs, "beta")
+    trans_a, trans_b = flag(attrs, "trans_a"), flag(attrs, "trans_b")
+    has_c = flag(attrs, "bias")
+
+    def gemm(a: Array, b: Array, *rest: Array) -> None:
+        out = rest[-1]
+        xp.matmul(a.T if trans_a else a, b.T if trans_b else b, out=out)
+        if alpha != 1:
+            xp.multiply(out, alpha, out, casting="unsafe")
+        if has_c:
+            c = rest[0]
+            if beta == 1:
+                xp.add(out, c, out, casting="unsafe")
+            elif beta != 0:
+                xp.add(out, beta * c, out, casting="unsafe")
+
+    return gemm

@@ -1,0 +1,294 @@
+"""Convolution, pooling and normalisation.
+
+Convolution is im2col plus one batched BLAS matmul: the windows of the
+padded input are a strided view; gathering them into a ``(N, group, K, P)``
+column matrix is the one copy, and ``W (group, M/group, K) @ cols`` writes
+straight into the output array, viewed as ``(N, group, M/group, P)``.
+Depthwise convolutions (one input channel per group) skip the matmul: a
+multiply-add per kernel position over the whole output is cheaper than
+``N * C`` tiny matrix products.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+import numpy as np
+
+from scheduler.dag import TensorSpec
+
+from ._common import Array, choice, flag, integer, ints, number, opt_ints, quiet
+from ._registry import Attrs, define
+from ._windows import Geometry, pad_spatial, windows
+
+__all__ = ()
+
+Kernel = Callable[..., None]
+_AUTO_PAD = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+
+def _geometry(attrs: Attrs) -> Geometry:
+    kernel = ints(attrs, "kernel_shape")
+    rank = len(kernel)
+    geometry = Geometry(
+        kernel=kernel,
+        strides=ints(attrs, "strides"),
+        dilations=ints(attrs, "dilations"),
+        pads=opt_ints(attrs, "pads"),
+        auto_pad=choice(attrs, "auto_pad", _AUTO_PAD),
+    )
+    if len(geometry.strides) != rank or len(geometry.dilations) != rank:
+        raise ValueError("strides and dilations need one value per spatial axis")
+    if geometry.pads is not None and len(geometry.pads) != 2 * rank:
+        raise ValueError("pads need two values per spatial axis")
+    if min((*kernel, *geometry.strides, *geometry.dilations), default=1) < 1:
+        raise ValueError("kernel_shape, strides and dilations must be >= 1")
+    if geometry.pads is not None and min(geometry.pads, default=0) < 0:
+        raise ValueError("pads must be >= 0")
+    return geometry
+
+
+def _conv_flops(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]) -> float:
+    """A multiply-add per output element per weight of one group."""
+    return 2.0 * outs[0].size * math.prod(ins[1].shape[1:])
+
+
+@define("conv", flops=_conv_flops)
+def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
+    geometry = _geometry(attrs)
+    group = integer(attrs, "group")
+    has_bias = flag(attrs, "bias")
+    rank = len(geometry.kernel)
+
+    def conv(x: Array, w: Array, *rest: Array) -> None:
+        if x.dtype == np.float16:
+            # Accumulate half-precision products in single precision.
+            wide = xp.empty(rest[-1].shape, dtype=np.float32)
+            more = [r.astype(np.float32) for r in rest[:-1]]
+            conv(x.astype(np.float32), w.astype(np.float32), *more, wide)
+            rest[-1][...] = wide
+            return
+        out = rest[-1]
+        n, c = x.shape[:2]
+        m = w.shape[0]
+        out_spatial = out.shape[2:]
+        begin, end, _ = geometry.padding(x.shape[2:], out_spatial)
+        view = windows(xp, pad_spatial(xp, x, begin, end, 0), geometry, out_spatial)
+        cg, mg = c // group, m // group
+        positions = math.prod(out_spatial)
+        grouped = out.reshape(n, group, mg, *out_spatial)
+        view = view.reshape(n, group, cg, *out_spatial, *geometry.kernel)
+        if cg == 1:
+            _depthwise(xp, view, w.reshape(group, mg, *geometry.kernel), grouped)
+        else:
+            # (N, g, Cg, *out, *k) -> (N, g, Cg, *k, *out): rows of K = Cg*k.
+            order = (0, 1, 2, *range(3 + rank, 3 + 2 * rank), *range(3, 3 + rank))
+            cols = xp.ascontiguousarray(view.transpose(order))
+            cols = cols.reshape(n, group, cg * math.prod(geometry.kernel), positions)
+            weights = w.reshape(group, mg, -1)
+            xp.matmul(weights, cols, out=out.reshape(n, group, mg, positions))
+        if has_bias:
+            xp.add(grouped, rest[0].reshape(group, mg, *(1,) * rank), grouped)
+
+    return conv
+
+
+def _depthwise(xp: ModuleType, view: Array, w: Array, out: Array) -> None:
+    """``out (N, g, Mg, *out) = sum over k of w (g, Mg, *k) * view``."""
+    rank = w.ndim - 2
+    spatial = (1,) * rank
+    term = xp.empty_like(out)
+    out[...] = 0
+    for position in itertools.product(*(range(k) for k in w.shape[2:])):
+        pick = (Ellipsis, *position)
+        xp.multiply(view[pick], w[pick].reshape(*w.shape[:2], *spatial), term)
+        xp.add(out, term, out)
+
+
+@define("max_pool")
+def _max_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
+    geometry = _geometry(attrs)
+    with_indices = flag(attrs, "indices")
+    column_major = integer(attrs, "storage_order") == 1
+    rank = len(geometry.kernel)
+    window_axes = tuple(range(2 + rank, 2 + 2 * rank))
+
+    def max_pool(x: Array, out: Array, *indices: Array) -> None:
+        out_spatial = out.shape[2:]
+        begin, _, reach = geometry.padding(x.shape[2:], out_spatial)
+        lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        padded = pad_spatial(xp, x, begin, reach, lowest)
+        view = windows(xp, padded, geometry, out_spatial)
+        xp.max(view, axis=window_axes, out=out)
+        if with_indices:
+            _argmax_indices(
+                xp, view, x.shape, begin, geometry, column_major, indices[0]
+            )
+
+    return max_pool
+
+
+def _argmax_indices(
+    xp: ModuleType,
+    view: Array,
+    in_shape: tuple[int, ...],
+    begin: tuple[int, ...],
+    geometry: Geometry,
+    column_major: bool,
+    out: Array,
+) -> None:
+    """MaxPool's ``Indices``: each maximum's flat index into the input."""
+    n, c, *spatial = in_shape
+    out_spatial = out.shape[2:]
+    rank = len(spatial)
+    flat = view.reshape(*view.shape[: 2 + rank], -1)
+    best = xp.unravel_index(flat.argmax(axis=-1), geometry.kernel)
+    coords = []
+    for axis in range(rank):
+        shape = [1] * (2 + rank)
+        shape[2 + axis] = out_spatial[axis]
+        start = xp.arange(out_spatial[axis]).reshape(shape) * geometry.strides[axis]
+        coords.append(start - begin[axis] + best[axis] * geometry.dilations[axis])
+    order = range(rank - 1, -1, -1) if column_major else range(rank)
+    index = xp.zeros(out.shape, dtype=np.int64)
+    for axis in order:
+        index = index * spatial[axis] + coords[axis]
+    base = xp.arange(n * c).reshape(n, c, *(1,) * rank) * math.prod(spatial)
+    out[...] = index + base
+
+
+@define("avg_pool")
+def _avg_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
+    geometry = _geometry(attrs)
+    count_pads = flag(attrs, "count_include_pad")
+    rank = len(geometry.kernel)
+    window_axes = tuple(range(2 + rank, 2 + 2 * rank))
+
+    def avg_pool(x: Array, out: Array) -> None:
+        in_spatial, out_spatial = x.shape[2:], out.shape[2:]
+        begin, end, reach = geometry.padding(in_spatial, out_spatial)
+        view = windows(xp, pad_spatial(xp, x, begin, reach, 0), geometry, out_spatial)
+        xp.sum(view, axis=window_axes, out=out)
+        if not any(begin) and not any(reach):
+            xp.divide(out, math.prod(geometry.kernel), out)
+            return
+        # Divide each window by how many of its cells count: real input
+        # cells, plus the explicit pads with count_include_pad; never the
+        # cells ceil_mode adds past them.
+        ones = xp.ones((1, 1, *in_spatial), dtype=x.dtype)
+        if count_pads:
+            ones = pad_spatial(xp, ones, begin, end, 1)
+            extra = tuple(r - e for r, e in zip(reach, end, strict=True))
+            mask = pad_spatial(xp, ones, (0,) * rank, extra, 0)
+        else:
+            mask = pad_spatial(xp, ones, begin, reach, 0)
+        counts = windows(xp, mask, geometry, out_spatial).sum(axis=window_axes)
+        xp.divide(out, counts, out)
+
+    return avg_pool
+
+
+def _global(reduce: str) -> Callable[[ModuleType, Attrs], Kernel]:
+    def make(xp: ModuleType, attrs: Attrs) -> Kernel:
+        func = getattr(xp, reduce)
+
+        def global_pool(x: Array, out: Array) -> None:
+            func(x, axis=tuple(range(2, x.ndim)), keepdims=True, out=out)
+
+        return global_pool
+
+    return make
+
+
+define("global_avg_pool")(_global("mean"))
+define("global_max_pool")(_global("max"))
+
+
+def _channel_shape(x: Array) -> tuple[int, ...]:
+    return (1, x.shape[1], *(1,) * (x.ndim - 2))
+
+
+@define("batch_norm")
+def _batch_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
+    epsilon = number(attrs, "epsilon")
+
+    def batch_norm(
+        x: Array, scale: Array, bias: Array, mean: Array, var: Array, out: Array
+    ) -> None:
+        # Per channel: y = x * a + b; a and b are C numbers, cheap per run.
+        a = scale / xp.sqrt(var + epsilon)
+        b = bias - mean * a
+        shape = _channel_shape(x)
+        xp.multiply(x, a.reshape(shape).astype(x.dtype, copy=False), out)
+        xp.add(out, b.reshape(shape).astype(x.dtype, copy=False), out)
+
+    return batch_norm
+
+
+@define("instance_norm")
+def _instance_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
+    epsilon = number(attrs, "epsilon")
+
+    def instance_norm(x: Array, scale: Array, bias: Array, out: Array) -> None:
+        axes = tuple(range(2, x.ndim))
+        mean = x.mean(axis=axes, keepdims=True)
+        xp.subtract(x, mean, out)
+        var = (out * out).mean(axis=axes, keepdims=True)
+        shape = _channel_shape(x)
+        xp.multiply(out, scale.reshape(shape) / xp.sqrt(var + epsilon), out)
+        xp.add(out, bias.reshape(shape), out)
+
+    return instance_norm
+
+
+@define("layer_norm")
+def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
+    axis = integer(attrs, "axis")
+    epsilon = number(attrs, "epsilon")
+    has_bias = flag(attrs, "bias")
+    extra = integer(attrs, "stats")  # 0, 1 (Mean) or 2 (Mean, InvStdDev)
+    stash = attrs.get("stash_dtype")
+    if stash is not None and not isinstance(stash, str):
+        raise ValueError(f"attribute 'stash_dtype' must be a dtype name: {stash!r}")
+
+    def layer_norm(x: Array, scale: Array, *rest: Array) -> None:
+        bias = rest[0] if has_bias else None
+        y, *stats = rest[1:] if has_bias else rest
+        axes = tuple(range(axis % x.ndim, x.ndim))
+        work = x.astype(stash, copy=False) if stash is not None else x
+        mean = work.mean(axis=axes, keepdims=True)
+        centred = work - mean
+        var = (centred * centred).mean(axis=axes, keepdims=True)
+        inv = 1 / xp.sqrt(var + epsilon)
+        xp.multiply(centred, inv, out=y, casting="unsafe")
+        xp.multiply(y, scale, y)
+        if bias is not None:
+            xp.add(y, bias, y)
+        if extra >= 1:
+            stats[0][...] = mean
+        if extra >= 2:
+            stats[1][...] = inv
+
+    return layer_norm
+
+
+@define("lrn")
+def _lrn(xp: ModuleType, attrs: Attrs) -> Kernel:
+    alpha, beta, bias = (number(attrs, k) for k in ("alpha", "beta", "bias"))
+    size = integer(attrs, "size")
+
+    def lrn(x: Array, out: Array) -> None:
+        square = x * x
+        before = (size - 1) // 2  # ONNX: floor before the channel, ceil after
+        after = size - 1 - before
+        width = [(0, 0), (before, after), *((0, 0),) * (x.ndim - 2)]
+        padded = xp.pad(square, width)
+        view = xp.lib.stride_tricks.sliding_window_view(padded, size, axis=1)
+        total = view.sum(axis=-1)
+        with quiet(xp):
+            xp.divide(x, (bias + alpha / size * total) ** beta, out)
+
+    return lrn

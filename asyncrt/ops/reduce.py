@@ -1,0 +1,176 @@
+"""Reductions, arg-reductions, softmax and friends, scans and top-k.
+
+Axes arrive normalised (non-negative, sorted) from the importer; ``null``
+axes mean every axis. Reductions over an empty set give the reduction's
+identity, as ONNX defines (``-inf`` for max, ``0`` for a sum, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ._common import Array, choice, flag, integer, ints, opt_ints, quiet
+from ._registry import Attrs, define
+
+__all__ = ()
+
+Kernel = Callable[..., None]
+_KINDS = (
+    "sum",
+    "mean",
+    "max",
+    "min",
+    "prod",
+    "l1",
+    "l2",
+    "log_sum",
+    "log_sum_exp",
+    "sum_square",
+)
+
+
+def _lowest(dtype: np.dtype[Any], highest: bool) -> float | int:
+    """The identity of max (``highest`` false) or min over ``dtype``."""
+    if dtype.kind == "f":
+        return np.inf if highest else -np.inf
+    if dtype.kind == "b":
+        return highest
+    info = np.iinfo(dtype)
+    return info.max if highest else info.min
+
+
+@define("reduce")
+def _reduce(xp: ModuleType, attrs: Attrs) -> Kernel:
+    kind = choice(attrs, "kind", _KINDS)
+    axes = opt_ints(attrs, "axes")
+    keepdims = flag(attrs, "keepdims")
+
+    def reduce(a: Array, out: Array) -> None:
+        axis = tuple(range(a.ndim)) if axes is None else axes
+        empty = any(a.shape[i] == 0 for i in axis)
+        with quiet(xp):
+            if kind in ("max", "min") and empty:
+                out[...] = _lowest(a.dtype, highest=kind == "min")
+            elif kind in ("max", "min", "sum", "prod", "mean"):
+                getattr(xp, kind)(a, axis=axis, keepdims=keepdims, out=out)
+            elif kind == "l1":
+                xp.sum(xp.abs(a), axis=axis, keepdims=keepdims, out=out)
+            elif kind in ("l2", "sum_square"):
+                xp.sum(a * a, axis=axis, keepdims=keepdims, out=out)
+                if kind == "l2":
+                    xp.sqrt(out, out)
+            elif kind == "log_sum":
+                xp.sum(a, axis=axis, keepdims=keepdims, out=out)
+                xp.log(out, out)
+            else:  # log_sum_exp, shifted by the maximum so exp cannot overflow
+                top = a.max(axis=axis, keepdims=True) if not empty else None
+                if top is not None:
+                    top = xp.where(xp.isfinite(top), top, 0)
+                    total = xp.exp(a - top).sum(axis=axis, keepdims=True)
+                    result = xp.log(total) + top
+                    out[...] = result if keepdims else result.reshape(out.shape)
+                else:
+                    out[...] = -np.inf
+
+    return reduce
+
+
+@define("arg_reduce")
+def _arg_reduce(xp: ModuleType, attrs: Attrs) -> Kernel:
+    largest = choice(attrs, "kind", ("max", "min")) == "max"
+    axis = integer(attrs, "axis")
+    keepdims = flag(attrs, "keepdims")
+    last = flag(attrs, "select_last_index")
+
+    def arg_reduce(a: Array, out: Array) -> None:
+        source = xp.flip(a, axis) if last else a
+        found = (source.argmax if largest else source.argmin)(axis=axis, keepdims=True)
+        if last:
+            found = a.shape[axis] - 1 - found
+        out[...] = found if keepdims else found.reshape(out.shape)
+
+    return arg_reduce
+
+
+@define("softmax")
+def _softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
+    axes = ints(attrs, "axes")
+    log = flag(attrs, "log")
+
+    def softmax(a: Array, out: Array) -> None:
+        with quiet(xp):
+            xp.subtract(a, a.max(axis=axes, keepdims=True), out)
+            if log:
+                out -= xp.log(xp.exp(out).sum(axis=axes, keepdims=True))
+            else:
+                xp.exp(out, out)
+                xp.divide(out, out.sum(axis=axes, keepdims=True), out)
+
+    return softmax
+
+
+@define("hardmax")
+def _hardmax(xp: ModuleType, attrs: Attrs) -> Kernel:
+    axis = integer(attrs, "axis")
+    coerce = flag(attrs, "coerce_2d")  # opsets < 13: axes axis.. as one
+
+    def hardmax(a: Array, out: Array) -> None:
+        if coerce:
+            rows = math.prod(a.shape[:axis])
+            flat, target = a.reshape(rows, -1), out.reshape(rows, -1)
+            pick_axis = 1
+        else:
+            flat, target, pick_axis = a, out, axis
+        found = flat.argmax(axis=pick_axis, keepdims=True)
+        target[...] = 0
+        xp.put_along_axis(target, found, 1, axis=pick_axis)
+
+    return hardmax
+
+
+@define("cumsum")
+def _cumsum(xp: ModuleType, attrs: Attrs) -> Kernel:
+    axis = integer(attrs, "axis")
+    exclusive = flag(attrs, "exclusive")
+    reverse = flag(attrs, "reverse")
+
+    def cumsum(a: Array, out: Array) -> None:
+        source = xp.flip(a, axis) if reverse else a
+        total = xp.cumsum(source, axis=axis, dtype=out.dtype)
+        if exclusive:
+            shifted = xp.zeros_like(total)
+            body = [slice(None)] * a.ndim
+            head = list(body)
+            body[axis], head[axis] = slice(1, None), slice(None, -1)
+            shifted[tuple(body)] = total[tuple(head)]
+            total = shifted
+        out[...] = xp.flip(total, axis) if reverse else total
+
+    return cumsum
+
+
+@define("topk")
+def _topk(xp: ModuleType, attrs: Attrs) -> Kernel:
+    axis = integer(attrs, "axis")
+    largest = flag(attrs, "largest")
+
+    def topk(a: Array, values: Array, indices: Array) -> None:
+        k = values.shape[axis]
+        size = a.shape[axis]
+        if largest:
+            # A stable ascending sort of the reversed axis, read backwards:
+            # descending values, equal values in ascending index order.
+            order = xp.argsort(xp.flip(a, axis), axis=axis, kind="stable")
+            order = size - 1 - xp.flip(order, axis)
+        else:
+            order = xp.argsort(a, axis=axis, kind="stable")
+        chosen = xp.take(order, xp.arange(k), axis=axis)
+        indices[...] = chosen
+        values[...] = xp.take_along_axis(a, chosen, axis=axis)
+
+    return topk

@@ -1,0 +1,79 @@
+"""The kernel library's configured kernels: names, registration, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import asyncrt
+from asyncrt import ops
+from asyncrt.errors import GraphError
+from asyncrt.graph import GraphBuilder
+
+
+def _graph(
+    op: str, attrs_json: str, func_name: str | None = None
+) -> asyncrt.graph.Graph:
+    b = GraphBuilder()
+    x = b.input("x", shape=(2, 3), dtype="float32")
+    name = func_name or ops.kernel_name(op, attrs_json)
+    y = b.op(
+        name,
+        x,
+        shape=(3, 2),
+        dtype="float32",
+        attrs={ops.OP_NAME_ATTR: op, ops.OP_ATTRS_ATTR: attrs_json},
+    )
+    b.output(y)
+    return b.build()
+
+
+def test_kernel_names_are_content_addressed() -> None:
+    first = ops.register_op_kernel("transpose", {"perm": [1, 0]})
+    again = ops.register_op_kernel("transpose", {"perm": (1, 0)})
+    other = ops.register_op_kernel("transpose", {"perm": [0, 1]})
+    assert first == again != other
+    assert first.startswith("transpose.")
+    kernel = asyncrt.get_global_func(first, "sim")
+    assert kernel is not None
+    out = np.empty((3, 2), np.float32)
+    kernel(np.arange(6, dtype=np.float32).reshape(2, 3), out)
+    np.testing.assert_array_equal(out, np.arange(6).reshape(2, 3).T)
+
+
+def test_a_graph_registers_its_kernels_from_data() -> None:
+    graph = _graph("transpose", ops.encode_attrs({"perm": [1, 0]}))
+    with asyncrt.build(graph).create() as executor:
+        (y,) = executor.run_sync(x=np.ones((2, 3), np.float32)) or []
+    assert y.shape == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs_json", "message"),
+    [
+        ("no_such_op", "{}", "unknown kernel library op"),
+        ("transpose", '{"perm": [1, 0]}', "canonical"),
+        ("transpose", '{"perm":"ab"}', "perm"),
+        ("conv", '{"kernel_shape":[3]}', "strides"),
+    ],
+)
+def test_bad_op_attrs_are_graph_errors(op: str, attrs_json: str, message: str) -> None:
+    graph = _graph(op, attrs_json)
+    with pytest.raises(GraphError, match=message) as info:
+        ops.register_graph_kernels(graph)
+    assert info.value.node is not None
+
+
+def test_non_finite_numbers_survive_json() -> None:
+    encoded = ops.encode_attrs({"value": float("-inf"), "alpha": np.float32(0.5)})
+    assert json.loads(encoded) == {"alpha": 0.5, "value": "-inf"}
+    name = ops.register_op_kernel(
+        "pad", {"pads": [1, 1], "mode": "constant", "value": float("-inf")}
+    )
+    kernel = asyncrt.get_global_func(name, "cpu")
+    assert kernel is not None
+    out = np.empty(4, np.float32)
+    kernel(np.array([1.0, 2.0], np.float32), out)
+    np.testing.assert_array_equal(out, [-np.inf, 1.0, 2.0, -np.inf])
