@@ -1,0 +1,525 @@
+"""Fused elementwise kernels: which ops fuse, and one kernel per fused node.
+
+:func:`fuse_graph` runs the scheduler's pass (:mod:`scheduler.fusion`) with
+this module's table of fusible ops, then builds a kernel for every fused node
+and device kind. A fused node's kernel follows the usual convention
+(``kernel(*inputs, out)``) and writes straight into the planned storage of
+its output. Engines, per device kind:
+
+* ``cpu`` and ``sim`` (numpy arrays), engine ``"numpy"`` (the default): the
+  members' own kernels (numpy ufuncs, destination passing) run block by
+  block over the output: a block of each tensor stays in cache while the
+  whole chain runs over it, interior results live in a few block-sized
+  scratch buffers made per call (no full-size temporaries), and the last
+  member writes its block of ``out``. Nodes with enough work split their
+  blocks over :data:`asyncrt._threads.limits` threads (numpy releases the
+  GIL). Results are the unfused ones, bit for bit: the same ufuncs see the
+  same values. (numexpr is not the default engine; see the next item.)
+* ``cpu`` and ``sim``, engine ``"numexpr"``: the members' expression
+  templates are inlined into one expression, evaluated by
+  ``numexpr.evaluate(expr, local_dict=..., out=out, casting="same_kind")``
+  in numexpr's own thread pool. Its float32 ``tanh``/``exp``/``log`` are not
+  numpy's SIMD ones: results may differ from the unfused ones by a few ulps
+  (tests assert ``rtol=1e-5`` for float32, ``1e-12`` for float64). Measured on
+  the AVX2 dev machine (``bench/bench_kernels.py --ops``), numexpr 2.14
+  without VML was slower than numpy's loops for every op, one thread each
+  (``mul`` 2.9x, ``exp`` 1.2x, ``sqrt`` 4.3x, ``tanh`` 7.4x), which is why
+  it is not the default. A group numexpr cannot express (an op
+  without a template, a dtype other than float32/float64) uses ``"numpy"``;
+  without numexpr installed, every group does.
+* ``cuda``: one ``cupy.ElementwiseKernel`` per fused node, one statement per
+  member (shared interior results computed once); groups with an op that
+  has no CUDA template run the members' cupy kernels in sequence. This path
+  is written but has not run: the dev machine has no GPU.
+
+On a device kind other than these three nothing is fused. A node fuses only
+if its op is in :data:`ELEMENTWISE`, its kernel comes from the global
+registry (a ``lib`` kernel of the same name may mean something else) and is
+not a coroutine, and it has one output. The fused node's ``flops`` is the
+sum of its members', so cost models and the simulated devices still see the
+real work.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import networkx as nx
+
+from devices import Device
+from scheduler.dag import NodeSpec, TensorSpec
+from scheduler.fusion import FusedNode, fuse_elementwise
+
+from . import _threads
+from ._kernels import Kernel, Module, resolve
+
+__all__ = ("ELEMENTWISE", "Elementwise", "Engine", "fuse_graph")
+
+Engine = Literal["numpy", "numexpr"]
+Array = Any
+
+#: Elements per block of the ``"numpy"`` engine (per tensor): 256 KiB of
+#: float32, so a chain's blocks stay in L2/L3 while the per-call cost of a
+#: ufunc (a microsecond or two) stays far below a block's work. Smaller
+#: blocks measured slower on the dev machine: cheap ops (add, relu) stream
+#: memory fast enough that per-call overhead dominates.
+BLOCK_ELEMENTS = 1 << 16
+#: Work (the node's ``flops`` estimate, roughly a nanosecond each with
+#: numpy) one thread gets at least before a kernel splits its blocks over
+#: threads: handing blocks to a pool costs tens of microseconds.
+MIN_WORK_PER_THREAD = 2e5
+#: Dtypes the numexpr and CUDA templates are written for.
+TEMPLATE_DTYPES = frozenset({"float32", "float64"})
+#: The longest expression handed to numexpr (shared interior results are
+#: inlined once per use, so an expression can grow quickly).
+MAX_EXPRESSION = 2000
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """How one elementwise op appears in a fused kernel.
+
+    :ivar label: its short name in fused node names.
+    :ivar numexpr: a numexpr template over ``{0}``, ``{1}``, ... (each
+        argument already parenthesised), or ``None``.
+    :ivar cuda: a CUDA C template over the same placeholders (``T`` is the
+        element type), or ``None``.
+    :ivar variadic: the template is joined over any number of arguments
+        with this operator instead of formatted.
+    """
+
+    label: str
+    numexpr: str | None
+    cuda: str | None
+    variadic: str | None = None
+
+    def expression(
+        self, engine: Literal["numexpr", "cuda"], args: Sequence[str]
+    ) -> str:
+        """The op applied to ``args`` in an engine's syntax.
+
+        :raises KeyError: if the op has no template for ``engine``.
+        """
+        if self.variadic is not None:
+            return "(" + f" {self.variadic} ".join(args) + ")"
+        template = self.numexpr if engine == "numexpr" else self.cuda
+        if template is None:
+            raise KeyError(f"{self.label} has no {engine} template")
+        return template.format(*args)
+
+
+#: The fusible ops, by the built-in kernel names of :mod:`asyncrt._ops`.
+ELEMENTWISE: dict[str, Elementwise] = {
+    "add": Elementwise("add", "({0} + {1})", "({0} + {1})"),
+    "bias_add": Elementwise("bias_add", "({0} + {1})", "({0} + {1})"),
+    "subtract": Elementwise("sub", "({0} - {1})", "({0} - {1})"),
+    "multiply": Elementwise("mul", "({0} * {1})", "({0} * {1})"),
+    "divide": Elementwise("div", "({0} / {1})", "({0} / {1})"),
+    "power": Elementwise("pow", "({0} ** {1})", "pow({0}, {1})"),
+    "negative": Elementwise("neg", "(-{0})", "(-{0})"),
+    "exp": Elementwise("exp", "exp({0})", "exp({0})"),
+    "log": Elementwise("log", "log({0})", "log({0})"),
+    "sqrt": Elementwise("sqrt", "sqrt({0})", "sqrt({0})"),
+    "tanh": Elementwise("tanh", "tanh({0})", "tanh({0})"),
+    "abs": Elementwise("abs", "abs({0})", "fabs({0})"),
+    # x < 0 is false for NaN, so NaN propagates as through np.maximum(x, 0)
+    "relu": Elementwise("relu", "where({0} < 0, 0, {0})", "({0} < (T)0 ? (T)0 : {0})"),
+    "sigmoid": Elementwise(
+        "sigmoid", "(1 / (1 + exp(-{0})))", "((T)1 / ((T)1 + exp(-{0})))"
+    ),
+    "copy": Elementwise("copy", "{0}", "{0}"),
+    "reciprocal": Elementwise("recip", "(1 / {0})", "((T)1 / {0})"),
+    "sin": Elementwise("sin", "sin({0})", "sin({0})"),
+    "cos": Elementwise("cos", "cos({0})", "cos({0})"),
+    "tan": Elementwise("tan", "tan({0})", "tan({0})"),
+    "sinh": Elementwise("sinh", "sinh({0})", "sinh({0})"),
+    "cosh": Elementwise("cosh", "cosh({0})", "cosh({0})"),
+    "sum": Elementwise("sum", None, None, variadic="+"),
+    # Elementwise, but without a template: fused by the "numpy" engine only
+    # (NaN rules, rounding modes or domain handling differ elsewhere).
+    **{
+        name: Elementwise(label, None, None)
+        for name, label in (
+            ("maximum", "max"),
+            ("minimum", "min"),
+            ("max", "max"),
+            ("min", "min"),
+            ("mean", "mean"),
+            ("floor", "floor"),
+            ("ceil", "ceil"),
+            ("round", "round"),
+            ("sign", "sign"),
+            ("asin", "asin"),
+            ("acos", "acos"),
+            ("atan", "atan"),
+            ("asinh", "asinh"),
+            ("acosh", "acosh"),
+            ("atanh", "atanh"),
+            ("fmod", "fmod"),
+            ("mod", "mod"),
+            ("erf", "erf"),
+            ("softplus", "softplus"),
+            ("softsign", "softsign"),
+            ("mish", "mish"),
+            ("hard_swish", "hard_swish"),
+            ("prelu", "prelu"),
+        )
+    },
+}
+
+#: Device kinds whose fused kernels this module can build.
+FUSING_KINDS = frozenset({"cpu", "sim", "cuda"})
+
+
+def fuse_graph(
+    dag: nx.DiGraph,
+    lib: Module | None,
+    devices: Sequence[Device],
+    engine: Engine = "numpy",
+) -> tuple[nx.DiGraph, Module | None]:
+    """Fuse ``dag``'s elementwise chains and build their kernels.
+
+    :param dag: the graph, its ``flops`` already annotated.
+    :param lib: the executor's kernels (looked up before the registry).
+    :param devices: the devices the graph will be planned onto.
+    :param engine: the cpu/sim engine (see the module docstring).
+    :return: the fused graph and a module holding ``lib``'s kernels and the
+        fused ones (``dag`` and ``lib`` unchanged if nothing fused).
+    :raises ValueError: for an unknown engine.
+    """
+    if engine not in ("numpy", "numexpr"):
+        raise ValueError(f"unknown fusion engine {engine!r}; use numpy or numexpr")
+    kinds = sorted({device.kind for device in devices})
+    if not kinds or not FUSING_KINDS.issuperset(kinds):
+        return dag, lib
+
+    def fusible(spec: NodeSpec) -> bool:
+        if spec.func_name not in ELEMENTWISE:
+            return False
+        for kind in kinds:
+            if lib is not None and lib.find(spec.func_name, kind) is not None:
+                return False
+            kernel = resolve(spec.func_name, kind, None)
+            if kernel is None or inspect.iscoroutinefunction(kernel):
+                return False
+        return True
+
+    fusion = fuse_elementwise(
+        dag, fusible, label=lambda spec: ELEMENTWISE[spec.func_name].label
+    )
+    if not fusion.groups:
+        return dag, lib
+    module = _copy_module(lib)
+    for recipe in fusion.groups.values():
+        for kind in kinds:
+            kernel = build_kernel(recipe, kind, engine)
+            module.add(recipe.spec.func_name, kernel, kinds=(kind,))
+    return fusion.dag, module
+
+
+def _copy_module(lib: Module | None) -> Module:
+    """A new module with ``lib``'s kernels (none for ``None``)."""
+    module = Module()
+    if lib is None:
+        return module
+    for name in lib.names():
+        for kind in lib.kinds(name):
+            kernel = lib.find(name, kind)
+            if kernel is not None:
+                module.add(name, kernel, kinds=(kind,), flops=lib.flops_function(name))
+    return module
+
+
+def build_kernel(recipe: FusedNode, kind: str, engine: Engine = "numpy") -> Kernel:
+    """The kernel of a fused node on one device kind.
+
+    :param recipe: the fused node (:func:`scheduler.fusion.fuse_elementwise`).
+    :param kind: ``"cpu"``, ``"sim"`` or ``"cuda"``.
+    :param engine: the cpu/sim engine.
+    :return: ``kernel(*inputs, out)``.
+    :raises ValueError: if ``kind`` cannot fuse or a member has no kernel.
+    """
+    if kind not in FUSING_KINDS:
+        raise ValueError(f"cannot build fused kernels for device kind {kind!r}")
+    members = []
+    for spec in recipe.members:
+        kernel = resolve(spec.func_name, kind, None)
+        if kernel is None:
+            raise ValueError(f"no {kind} kernel {spec.func_name!r} for {spec.name!r}")
+        members.append(kernel)
+    dtype = recipe.spec.outputs[0].dtype
+    if kind == "cuda":
+        if dtype in TEMPLATE_DTYPES and _expressible(recipe, "cuda"):
+            return CupyFusedKernel(recipe)
+        return ProgramKernel(recipe, members, "cupy", block=None)
+    if engine == "numexpr" and _numexpr_expression(recipe) is not None:
+        return NumexprKernel(recipe)
+    return ProgramKernel(recipe, members, "numpy", block=BLOCK_ELEMENTS)
+
+
+def _expressible(recipe: FusedNode, engine: Literal["numexpr", "cuda"]) -> bool:
+    for spec in recipe.members:
+        op = ELEMENTWISE[spec.func_name]
+        if (
+            op.variadic is None
+            and (op.numexpr if engine == "numexpr" else op.cuda) is None
+        ):
+            return False
+    return True
+
+
+def _numexpr_expression(recipe: FusedNode) -> str | None:
+    """The whole group as one numexpr expression over ``i0, i1, ...``, or
+    ``None`` if numexpr is missing or cannot evaluate it."""
+    if importlib.util.find_spec("numexpr") is None:
+        return None
+    if recipe.spec.outputs[0].dtype not in TEMPLATE_DTYPES:
+        return None
+    if not _expressible(recipe, "numexpr"):
+        return None
+    exprs: list[str] = []
+    for spec, args in zip(recipe.members, recipe.args, strict=True):
+        names = [f"i{a.index}" if a.source == "input" else exprs[a.index] for a in args]
+        exprs.append(ELEMENTWISE[spec.func_name].expression("numexpr", names))
+        if len(exprs[-1]) > MAX_EXPRESSION:
+            return None
+    return exprs[-1]
+
+
+def _failure(recipe: FusedNode, exc: Exception, member: int | None) -> RuntimeError:
+    """An error naming the original node(s) a fused kernel failed in."""
+    if member is not None:
+        spec = recipe.members[member]
+        where = f"node {spec.name!r} (op {spec.func_name!r})"
+    else:
+        where = "nodes " + ", ".join(repr(name) for name in recipe.names)
+    return RuntimeError(f"{where}, fused into {recipe.spec.name!r}, failed: {exc}")
+
+
+class ProgramKernel:
+    """A fused node run as its members' own kernels, block by block.
+
+    :param recipe: the fused node.
+    :param members: each member's kernel, in the recipe's order.
+    :param xp: the array module's name (``"numpy"`` or ``"cupy"``; imported
+        on first call).
+    :param block: elements per block, or ``None`` for one block.
+    """
+
+    def __init__(
+        self,
+        recipe: FusedNode,
+        members: Sequence[Kernel],
+        xp: str,
+        block: int | None,
+    ) -> None:
+        self.recipe = recipe
+        self._xp_name = xp
+        self._xp: Any = None
+        out = recipe.spec.outputs[0]
+        self._dtype = out.dtype
+        self._work = recipe.spec.flops
+        self._split = _Split(out, recipe.input_specs, block)
+        # Register allocation: interior results take scratch slots, freed
+        # after their last reader ran (so no member writes over its inputs).
+        last_use = {i: i for i in range(len(members))}
+        for reader, args in enumerate(recipe.args):
+            for arg in args:
+                if arg.source == "member":
+                    last_use[arg.index] = reader
+        free: list[int] = []
+        slots = 0
+        slot_of: dict[int, int] = {}
+        steps: list[tuple[Kernel, tuple[tuple[bool, int], ...], int]] = []
+        sink = len(members) - 1
+        for i, (kernel, args) in enumerate(zip(members, recipe.args, strict=True)):
+            if i != sink:
+                if not free:
+                    free.append(slots)
+                    slots += 1
+                slot_of[i] = free.pop()
+            refs = tuple(
+                (
+                    a.source == "input",
+                    a.index if a.source == "input" else slot_of[a.index],
+                )
+                for a in args
+            )
+            steps.append((kernel, refs, slot_of.get(i, -1)))
+            free.extend(
+                slot_of[j] for j in range(i) if last_use[j] == i and j in slot_of
+            )
+        self._steps = steps
+        self._slots = slots
+
+    def __call__(self, *arrays: Array) -> None:
+        xp = self._xp
+        if xp is None:
+            xp = self._xp = importlib.import_module(self._xp_name)
+        *inputs, out = arrays
+        blocks = self._split.blocks
+        enough = self._work // MIN_WORK_PER_THREAD if MIN_WORK_PER_THREAD else 1e9
+        threads = min(_threads.limits.threads, len(blocks), int(enough))
+        if threads <= 1:
+            self._run(xp, inputs, out, blocks)
+            return
+        share = -(-len(blocks) // threads)
+        _threads.run_parts(
+            [
+                functools.partial(self._run, xp, inputs, out, blocks[k : k + share])
+                for k in range(0, len(blocks), share)
+            ]
+        )
+
+    def _run(
+        self,
+        xp: Any,
+        inputs: Sequence[Array],
+        out: Array,
+        blocks: Sequence[tuple[int, int]],
+    ) -> None:
+        split = self._split
+        scratch = xp.empty((self._slots, *split.block_shape), dtype=self._dtype)
+        steps = self._steps
+        member = 0
+        try:
+            if split.whole:
+                regs = list(scratch)
+                for member in range(len(steps)):
+                    kernel, refs, slot = steps[member]
+                    args = [inputs[k] if is_input else regs[k] for is_input, k in refs]
+                    kernel(*args, regs[slot] if slot >= 0 else out)
+                return
+            for start, stop in blocks:
+                ins = [
+                    x if lead is None else x[split.rows(start, stop, lead)]
+                    for x, lead in zip(inputs, split.lead, strict=True)
+                ]
+                mine = split.rows(0, stop - start, split.axis)
+                regs = [scratch[s][mine] for s in range(self._slots)]
+                target = out[split.rows(start, stop, split.axis)]
+                for member in range(len(steps)):
+                    kernel, refs, slot = steps[member]
+                    args = [ins[k] if is_input else regs[k] for is_input, k in refs]
+                    kernel(*args, regs[slot] if slot >= 0 else target)
+        except Exception as exc:
+            raise _failure(self.recipe, exc, member) from exc
+
+
+class _Split:
+    """How a fused kernel cuts its output into blocks of rows.
+
+    Blocks run along the first axis longer than 1 (earlier axes have length
+    1, so every block is contiguous). An input that spans that axis is cut
+    along it too; one that does not (a scalar, a bias) is read whole and
+    broadcast, as the unfused kernel reads it.
+    """
+
+    def __init__(
+        self, out: TensorSpec, inputs: Sequence[TensorSpec], block: int | None
+    ) -> None:
+        shape = out.shape
+        axis = next((a for a, n in enumerate(shape) if n > 1), None)
+        self.whole = axis is None or block is None
+        if axis is None or block is None:
+            self.blocks: list[tuple[int, int]] = [(0, 1)]
+            self.block_shape = shape
+            self.lead: list[int | None] = [None] * len(inputs)
+            self.axis = 0
+            return
+        row = math.prod(shape[axis + 1 :])
+        rows = max(1, block // max(row, 1))
+        extent = shape[axis]
+        self.axis = axis
+        self.blocks = [(r, min(r + rows, extent)) for r in range(0, extent, rows)]
+        self.block_shape = (*shape[:axis], min(rows, extent), *shape[axis + 1 :])
+        self.whole = len(self.blocks) == 1
+        # per input: its axis matching ``axis``, if it spans it (else None)
+        self.lead = []
+        for tensor in inputs:
+            own = axis - (len(shape) - len(tensor.shape))
+            spans = own >= 0 and tensor.shape[own] == extent
+            self.lead.append(own if spans else None)
+
+    def rows(self, start: int, stop: int, axis: int | None) -> Any:
+        """The index of rows ``start:stop`` along ``axis`` (``...`` when the
+        tensor is not cut)."""
+        if self.whole or axis is None:
+            return ...
+        return (*([slice(None)] * axis), slice(start, stop))
+
+
+class NumexprKernel:
+    """A fused node as one ``numexpr.evaluate`` call.
+
+    :param recipe: the fused node; numexpr must be able to express it.
+    :raises ValueError: if it cannot.
+    """
+
+    def __init__(self, recipe: FusedNode) -> None:
+        expression = _numexpr_expression(recipe)
+        if expression is None:
+            raise ValueError(f"numexpr cannot evaluate {recipe.spec.name!r}")
+        import numexpr
+
+        self.recipe = recipe
+        self.expression = expression
+        self._evaluate = numexpr.evaluate
+        self._names = [f"i{k}" for k in range(len(recipe.spec.inputs))]
+
+    def __call__(self, *arrays: Array) -> None:
+        *inputs, out = arrays
+        try:
+            self._evaluate(
+                self.expression,
+                local_dict=dict(zip(self._names, inputs, strict=True)),
+                out=out,
+                casting="same_kind",
+            )
+        except Exception as exc:
+            raise _failure(self.recipe, exc, None) from exc
+
+
+class CupyFusedKernel:
+    """A fused node as one ``cupy.ElementwiseKernel`` (built on first call).
+
+    Untested: written without a GPU.
+
+    :param recipe: the fused node; every member needs a CUDA template.
+    """
+
+    def __init__(self, recipe: FusedNode) -> None:
+        self.recipe = recipe
+        n_inputs = len(recipe.spec.inputs)
+        statements: list[str] = []
+        sink = len(recipe.members) - 1
+        for i, (spec, args) in enumerate(zip(recipe.members, recipe.args, strict=True)):
+            names = [
+                f"i{a.index}" if a.source == "input" else f"m{a.index}" for a in args
+            ]
+            value = ELEMENTWISE[spec.func_name].expression("cuda", names)
+            statements.append(f"y = {value};" if i == sink else f"T m{i} = {value};")
+        self.in_params = ", ".join(f"T i{k}" for k in range(n_inputs))
+        self.operation = "\n".join(statements)
+        self.name = f"asyncrt_fused_{recipe.nid}"
+        self._kernel: Callable[..., Any] | None = None
+
+    def __call__(self, *arrays: Array) -> None:
+        kernel = self._kernel
+        if kernel is None:
+            cupy = importlib.import_module("cupy")
+            kernel = self._kernel = cupy.ElementwiseKernel(
+                self.in_params, "T y", self.operation, self.name
+            )
+        *inputs, out = arrays
+        try:
+            kernel(*inputs, out)
+        except Exception as exc:
+            raise _failure(self.recipe, exc, None) from exc
