@@ -1,0 +1,412 @@
+"""The profile report: per-node device times of traced runs, and their sums
+per op and per device.
+
+A :class:`ProfileReport` is plain data built from the runs a
+:class:`~scheduler.trace.TraceRecorder` kept: each node's time is the mean,
+over the complete runs, of its device time (see :mod:`scheduler.trace`:
+modelled on ``sim``, CUDA events on ``cuda``, wall time on ``cpu``); a
+node's share is its part of the sum of all node times (TVM's ``Time(%)``).
+Copies the planner inserted between devices are rows too (op ``__copy``).
+It prints as a text table, sorts by any column, and exports to JSON and
+CSV. Times are in seconds in the data and the exports, microseconds in the
+text table.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from scheduler.dag import Entry
+from scheduler.plan import Launch, Plan
+from scheduler.trace import RunTrace
+
+from .errors import ArgumentError
+
+__all__ = ("SORT_KEYS", "GroupProfile", "NodeProfile", "ProfileReport")
+
+GroupBy = Literal["node", "op", "device"]
+
+#: Columns a report sorts by; ``"order"`` is the order the nodes ran in.
+SORT_KEYS = ("time", "name", "op", "device", "stream", "order")
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """One node's line of the report.
+
+    :ivar nid: the node id (copies have ids past the graph's nodes).
+    :ivar name: the node's name.
+    :ivar op: its kernel (``__copy`` for an inserted copy).
+    :ivar device: the device it ran on.
+    :ivar stream: its stream's index in the plan.
+    :ivar time: mean device time per run, seconds.
+    :ivar wall: mean wall time per run on its stream, seconds.
+    :ivar percent: its share of the sum of all node times.
+    :ivar shapes: the shapes of its outputs.
+    :ivar dtypes: the dtypes of its outputs.
+    :ivar inputs: what it reads, as ``name`` or ``name:index``.
+    :ivar measurements: its device time in each run, seconds.
+    :ivar order: its position when the nodes are ordered by mean start.
+    """
+
+    nid: int
+    name: str
+    op: str
+    device: str
+    stream: int
+    time: float
+    wall: float
+    percent: float
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    measurements: tuple[float, ...]
+    order: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The line as plain data (seconds)."""
+        return {
+            "nid": self.nid,
+            "name": self.name,
+            "op": self.op,
+            "device": self.device,
+            "stream": self.stream,
+            "time": self.time,
+            "wall": self.wall,
+            "percent": self.percent,
+            "shapes": [list(s) for s in self.shapes],
+            "dtypes": list(self.dtypes),
+            "inputs": list(self.inputs),
+            "measurements": list(self.measurements),
+        }
+
+
+@dataclass(frozen=True)
+class GroupProfile:
+    """The nodes of one op or one device, summed.
+
+    :ivar key: the op or the device.
+    :ivar count: how many nodes.
+    :ivar time: their summed mean device times, seconds.
+    :ivar percent: their share of the sum of all node times.
+    """
+
+    key: str
+    count: int
+    time: float
+    percent: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The line as plain data (seconds)."""
+        return {
+            "key": self.key,
+            "count": self.count,
+            "time": self.time,
+            "percent": self.percent,
+        }
+
+
+_NODE_SORT: dict[str, Callable[[NodeProfile], Any]] = {
+    "time": lambda n: n.time,
+    "name": lambda n: n.name,
+    "op": lambda n: (n.op, -n.time),
+    "device": lambda n: (n.device, -n.time),
+    "stream": lambda n: (n.stream, n.order),
+    "order": lambda n: n.order,
+}
+
+
+class ProfileReport:
+    """Per-node times of traced runs; see the module docstring.
+
+    :param nodes: the lines.
+    :param runs: how many runs were averaged.
+    :param run_time: the mean wall time of a run (issue to last stream).
+    :param total: the sum of every node's time (default: of ``nodes``; a
+        report cut to its first lines keeps the whole run's).
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeProfile],
+        runs: int,
+        run_time: float,
+        total: float | None = None,
+    ) -> None:
+        self.nodes = tuple(nodes)
+        self.runs = runs
+        self.run_time = run_time
+        #: The sum of the nodes' mean device times, seconds: the busy time of
+        #: all streams together (concurrent streams make a run shorter).
+        self.total = sum(n.time for n in self.nodes) if total is None else total
+
+    @classmethod
+    def from_runs(
+        cls, plan: Plan, runs: Sequence[RunTrace], names: Mapping[int, str]
+    ) -> ProfileReport:
+        """Build the report of ``runs`` (only complete ones count).
+
+        :param plan: the plan the runs ran.
+        :param runs: traced runs of it.
+        :param names: node names by id (the graph's; copies are named by
+            their launches).
+        :raises ArgumentError: if no run is complete.
+        """
+        complete = [r for r in runs if r.complete]
+        if not complete:
+            raise ArgumentError("no complete traced run to report on")
+        device_times: dict[int, list[float]] = {}
+        walls: dict[int, list[float]] = {}
+        starts: dict[int, list[float]] = {}
+        where: dict[int, tuple[Launch, str, int]] = {}
+        for run in complete:
+            for span in run.spans:
+                launch = span.launch
+                if launch is None:  # a record or a wait
+                    continue
+                nid = launch.nid
+                device_times.setdefault(nid, []).append(span.device_time)
+                walls.setdefault(nid, []).append(span.end - span.start)
+                starts.setdefault(nid, []).append(span.start - run.start)
+                where[nid] = (launch, str(span.device), span.stream)
+        # What ran is named by its launch (fusion may rename); inputs by the graph.
+        all_names = {**names, **{n: w[0].name for n, w in where.items()}}
+        means = {nid: statistics.fmean(t) for nid, t in device_times.items()}
+        total = sum(means.values())
+        by_start = sorted(where, key=lambda nid: statistics.fmean(starts[nid]))
+        order = {nid: i for i, nid in enumerate(by_start)}
+        nodes = []
+        for nid in by_start:
+            launch, device, stream = where[nid]
+            outputs = launch.args[launch.num_inputs :]
+            nodes.append(
+                NodeProfile(
+                    nid=nid,
+                    name=all_names.get(nid, launch.name),
+                    op=launch.func_name,
+                    device=device,
+                    stream=stream,
+                    time=means[nid],
+                    wall=statistics.fmean(walls[nid]),
+                    percent=100.0 * means[nid] / total if total > 0 else 0.0,
+                    shapes=tuple(plan.tensors[e].shape for e in outputs),
+                    dtypes=tuple(plan.tensors[e].dtype for e in outputs),
+                    inputs=tuple(
+                        _entry_name(e, all_names)
+                        for e in launch.args[: launch.num_inputs]
+                    ),
+                    measurements=tuple(device_times[nid]),
+                    order=order[nid],
+                )
+            )
+        run_time = statistics.fmean(r.end - r.start for r in complete)
+        return cls(nodes, len(complete), run_time)
+
+    # -- views -------------------------------------------------------------------
+
+    def sort(
+        self, key: str = "time", *, descending: bool | None = None
+    ) -> ProfileReport:
+        """The same report, lines sorted.
+
+        :param key: one of :data:`SORT_KEYS`.
+        :param descending: the direction; by default descending for
+            ``"time"``, ascending otherwise.
+        :raises ArgumentError: for an unknown key.
+        """
+        if key not in _NODE_SORT:
+            raise ArgumentError(
+                f"cannot sort by {key!r}; choose one of {', '.join(SORT_KEYS)}"
+            )
+        reverse = key == "time" if descending is None else descending
+        nodes = sorted(self.nodes, key=_NODE_SORT[key], reverse=reverse)
+        return ProfileReport(nodes, self.runs, self.run_time, self.total)
+
+    def by_op(self) -> tuple[GroupProfile, ...]:
+        """Times summed per op, slowest first."""
+        return self._group(lambda n: n.op)
+
+    def by_device(self) -> tuple[GroupProfile, ...]:
+        """Times summed per device, slowest first."""
+        return self._group(lambda n: n.device)
+
+    def groups(self, by: GroupBy) -> tuple[GroupProfile, ...]:
+        """:meth:`by_op` or :meth:`by_device`.
+
+        :raises ArgumentError: if ``by`` is neither ``"op"`` nor ``"device"``.
+        """
+        if by == "op":
+            return self.by_op()
+        if by == "device":
+            return self.by_device()
+        raise ArgumentError(f"cannot group by {by!r}; choose 'op' or 'device'")
+
+    def _group(self, key: Callable[[NodeProfile], str]) -> tuple[GroupProfile, ...]:
+        times: dict[str, list[float]] = {}
+        for node in self.nodes:
+            times.setdefault(key(node), []).append(node.time)
+        total = self.total
+        groups = [
+            GroupProfile(k, len(t), sum(t), 100.0 * sum(t) / total if total else 0.0)
+            for k, t in times.items()
+        ]
+        return tuple(sorted(groups, key=lambda g: (-g.time, g.key)))
+
+    def head(self, count: int) -> ProfileReport:
+        """The first ``count`` lines (after sorting by time, the slowest);
+        shares stay parts of the whole run's time."""
+        nodes = self.nodes[: max(count, 0)]
+        return ProfileReport(nodes, self.runs, self.run_time, self.total)
+
+    # -- output ------------------------------------------------------------------
+
+    def cells(self, by: GroupBy = "node") -> tuple[tuple[str, ...], list[list[str]]]:
+        """The table as text cells: the header, and one row per node (or
+        op, or device) then a ``Total`` row. Times in microseconds.
+
+        :param by: ``"node"``, ``"op"`` or ``"device"``.
+        :raises ArgumentError: for another ``by``.
+        """
+        total = f"{1e6 * self.total:.3f}"
+        if by == "node":
+            rows = [node_row(n) for n in self.nodes]
+            rows.append(["Total", "-", "-", "-", total, "100.000", "-", "-"])
+            return NODE_COLUMNS, rows
+        rows = [group_row(g) for g in self.groups(by)]
+        rows.append(["Total", str(len(self.nodes)), total, "100.000"])
+        return group_columns(by), rows
+
+    def table(self, by: GroupBy = "node") -> str:
+        """:meth:`cells` as a fixed-width text table.
+
+        :raises ArgumentError: for an unknown ``by``.
+        """
+        return _format_table(*self.cells(by))
+
+    def summary(self) -> str:
+        """One line: runs, node time, run time."""
+        return (
+            f"{len(self.nodes)} nodes, {self.runs} run(s): node time "
+            f"{1e3 * self.total:.3f} ms (sum), run time {1e3 * self.run_time:.3f} ms "
+            "(wall, mean)"
+        )
+
+    def __str__(self) -> str:
+        return "\n\n".join(
+            (self.table("node"), self.table("op"), self.table("device"), self.summary())
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data (seconds)."""
+        return {
+            "runs": self.runs,
+            "run_time": self.run_time,
+            "total": self.total,
+            "nodes": [n.to_dict() for n in self.nodes],
+            "by_op": [g.to_dict() for g in self.by_op()],
+            "by_device": [g.to_dict() for g in self.by_device()],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The report as JSON text (seconds)."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def to_csv(self, by: GroupBy = "node") -> str:
+        """The report as CSV text (seconds), one row per node, op or device.
+
+        :raises ArgumentError: for an unknown ``by``.
+        """
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        if by == "node":
+            writer.writerow(
+                [
+                    "name", "op", "device", "stream", "time_s", "wall_s",
+                    "percent", "shape", "dtype", "inputs",
+                ]
+            )  # fmt: skip
+            for n in self.nodes:
+                writer.writerow(
+                    [
+                        n.name, n.op, n.device, n.stream, f"{n.time:.9f}",
+                        f"{n.wall:.9f}", f"{n.percent:.3f}", _shapes(n.shapes),
+                        ";".join(n.dtypes), ";".join(n.inputs),
+                    ]
+                )  # fmt: skip
+        else:
+            groups = self.groups(by)
+            writer.writerow([by, "nodes", "time_s", "percent"])
+            for g in groups:
+                writer.writerow([g.key, g.count, f"{g.time:.9f}", f"{g.percent:.3f}"])
+        return out.getvalue()
+
+
+#: The columns of the per-node table (shared with the command line).
+NODE_COLUMNS = (
+    "Node",
+    "Op",
+    "Device",
+    "Stream",
+    "Time(us)",
+    "Time(%)",
+    "Shape",
+    "Inputs",
+)
+
+
+def group_columns(by: str) -> tuple[str, ...]:
+    """The columns of a per-op or per-device table."""
+    return (by.capitalize(), "Nodes", "Time(us)", "Time(%)")
+
+
+def node_row(node: NodeProfile) -> list[str]:
+    """One node as table cells."""
+    return [
+        node.name,
+        node.op,
+        node.device,
+        str(node.stream),
+        f"{1e6 * node.time:.3f}",
+        f"{node.percent:.3f}",
+        _shapes(node.shapes),
+        ", ".join(node.inputs),
+    ]
+
+
+def group_row(group: GroupProfile) -> list[str]:
+    """One op or device as table cells."""
+    return [
+        group.key,
+        str(group.count),
+        f"{1e6 * group.time:.3f}",
+        f"{group.percent:.3f}",
+    ]
+
+
+def _shapes(shapes: tuple[tuple[int, ...], ...]) -> str:
+    return "; ".join("(" + ", ".join(map(str, s)) + ")" for s in shapes)
+
+
+def _entry_name(entry: Entry, names: Mapping[int, str]) -> str:
+    name = names.get(entry.nid, str(entry.nid))
+    return name if entry.index == 0 else f"{name}:{entry.index}"
+
+
+def _format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(h) for h in header]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = [
+        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
+    lines.extend(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
+    )
+    return "\n".join(line.rstrip() for line in lines)
