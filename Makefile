@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) examples/devices_tour.py
+	$(VENV)/bin/asyncrt run
 
 test: $(STAMP)
 	$(PY) -m pytest -q

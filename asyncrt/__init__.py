@@ -13,10 +13,13 @@ from devices import device as device
 from devices import list_devices as list_devices
 
 from . import _ops as _ops  # registers the built-in kernels
+from . import debug_executor as debug_executor
 from . import errors as errors
 from . import graph as graph
 from . import graph_executor as graph_executor
 from . import nd as nd
+from . import ops as ops
+from . import profiling as profiling
 from ._devices import cpu as cpu
 from ._devices import cuda as cuda
 from ._devices import sim as sim
@@ -29,12 +32,25 @@ from ._kernels import list_global_func_names as list_global_func_names
 from ._kernels import register_func as register_func
 from ._param_dict import load_param_dict as load_param_dict
 from ._param_dict import save_param_dict as save_param_dict
+from ._time_evaluator import BenchmarkResult as BenchmarkResult
+from ._time_evaluator import time_evaluator as time_evaluator
 from .errors import AsyncrtError as AsyncrtError
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # asyncrt.frontend needs the optional onnx package: imported on first use.
+    if name == "frontend":
+        import importlib
+
+        return importlib.import_module(".frontend", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = (
     "AsyncrtError",
+    "BenchmarkResult",
     "Device",
     "Event",
     "GraphExecutorFactory",
@@ -45,6 +61,7 @@ __all__ = (
     "build",
     "cpu",
     "cuda",
+    "debug_executor",
     "device",
     "errors",
     "get_global_func",
@@ -55,7 +72,10 @@ __all__ = (
     "load_module",
     "load_param_dict",
     "nd",
+    "ops",
+    "profiling",
     "register_func",
     "save_param_dict",
     "sim",
+    "time_evaluator",
 )

@@ -7,8 +7,10 @@ and exports itself as one file that :func:`load_module` reads back.
 
 The file holds data only — graph JSON, the params blob, a manifest — never
 code: kernels are found by name when the module is loaded, in the ``lib``
-given to :func:`load_module` and then in the global registry. Loading never
-executes anything from the file (see :mod:`asyncrt._artifact`).
+given to :func:`load_module` and then in the global registry. Kernels of the
+library configured by attributes (:mod:`asyncrt.ops`: convolution, pooling,
+...) are rebuilt from the op names and attributes their nodes store as data.
+Loading never executes anything from the file (see :mod:`asyncrt._artifact`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from devices import NDArray
+from scheduler.placement import Policy
 
 from ._artifact import Artifact, read_artifact, write_artifact
 from ._kernels import Module, resolve
@@ -28,6 +31,7 @@ from ._param_dict import load_param_dict, save_param_dict
 from .errors import KernelNotFoundError
 from .graph import Graph, load_graph
 from .graph_executor import DeviceSpec, GraphModule, create
+from .ops import register_graph_kernels
 
 __all__ = ("GraphExecutorFactory", "build", "load_module")
 
@@ -39,6 +43,11 @@ class GraphExecutorFactory:
     :param params: parameter values by name (NDArrays or numpy arrays).
     :param lib: kernels looked up before the global registry.
     :param metadata: free-form strings saved with the module.
+    :param devices: the devices :meth:`create` uses by default (``"cpu"``
+        when ``None``).
+    :param policy: the placement policy :meth:`create` uses by default.
+    :raises GraphError: if a node names a kernel library op with bad
+        attributes.
     """
 
     def __init__(
@@ -48,9 +57,14 @@ class GraphExecutorFactory:
         lib: Module | None = None,
         *,
         metadata: Mapping[str, str] | None = None,
+        devices: DeviceSpec | None = None,
+        policy: str | Policy = "auto",
     ) -> None:
+        register_graph_kernels(graph)
         self.graph = graph
         self.lib = lib
+        self.devices = devices
+        self.policy = policy
         self._params_blob = save_param_dict(params or {})
         self.metadata = MappingProxyType(dict(metadata or {}))
 
@@ -73,12 +87,21 @@ class GraphExecutorFactory:
         return load_param_dict(self._params_blob)
 
     def create(
-        self, devices: DeviceSpec = "cpu", *, max_contexts: int = 4
+        self,
+        devices: DeviceSpec | None = None,
+        *,
+        max_contexts: int = 4,
+        policy: str | Policy | None = None,
     ) -> GraphModule:
         """An executor on ``devices`` with the parameters loaded.
 
+        :param devices: the devices; by default those given to :func:`build`,
+            else ``"cpu"``.
+        :param policy: the placement policy; by default the build's.
         :raises KernelNotFoundError: if a kernel is missing for its device.
         """
+        if devices is None:
+            devices = self.devices if self.devices is not None else "cpu"
         # Given at creation, the parameters are known to the planner as
         # constants: copied once to the devices that read them.
         return create(
@@ -87,6 +110,7 @@ class GraphExecutorFactory:
             devices,
             max_contexts=max_contexts,
             params=self._params_blob,
+            policy=self.policy if policy is None else policy,
         )
 
     def __getitem__(self, name: str) -> Callable[..., GraphModule]:
@@ -116,13 +140,21 @@ def build(
     graph: Graph | str | bytes | Mapping[str, Any],
     params: Mapping[str, NDArray | np.ndarray[Any, Any]] | None = None,
     lib: Module | None = None,
+    *,
+    devices: DeviceSpec | None = None,
+    policy: str | Policy = "auto",
 ) -> GraphExecutorFactory:
     """Bundle a graph, its parameters and kernels into a factory.
 
+    A graph from :func:`asyncrt.frontend.from_onnx` builds as it is: its
+    library kernels are registered from its nodes' attributes.
+
+    :param devices: the devices executors run on by default.
+    :param policy: the placement policy executors use by default.
     :raises GraphError: if the graph is malformed.
     """
     loaded = graph if isinstance(graph, Graph) else load_graph(graph)
-    return GraphExecutorFactory(loaded, params, lib)
+    return GraphExecutorFactory(loaded, params, lib, devices=devices, policy=policy)
 
 
 def load_module(

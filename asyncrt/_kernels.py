@@ -214,12 +214,21 @@ def list_global_func_names() -> tuple[str, ...]:
 
 
 def resolve(name: str, kind: str, lib: Module | None) -> Kernel | None:
-    """``lib`` first, then the global registry (the executor's lookup)."""
+    """``lib`` first, then the global registry (the executor's lookup).
+
+    On ``remote`` devices a kernel runs on the worker, looked up there by
+    name: the answer is a reference to it (:mod:`asyncrt._remote_worker`).
+    """
     if lib is not None:
         kernel = lib.find(name, kind)
         if kernel is not None:
             return kernel
-    return _global.find(name, kind)
+    kernel = _global.find(name, kind)
+    if kernel is None and kind == "remote":
+        from ._remote_worker import remote_kernel
+
+        return remote_kernel(name, lib)
+    return kernel
 
 
 def resolve_flops(name: str, lib: Module | None) -> FlopsFunction | None:

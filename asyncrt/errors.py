@@ -12,9 +12,11 @@ from devices.errors import (
     ClosedResourceError,
     CopyError,
     DeviceError,
+    DeviceLostError,
     DeviceNotFoundError,
     DTypeError,
     OutOfMemoryError,
+    RemoteError,
     StreamError,
     StreamMismatchError,
     UnsupportedOperationError,
@@ -23,6 +25,7 @@ from scheduler.errors import NodeFailedError, PlanError
 
 __all__ = (
     "AllocationError",
+    "ArgumentError",
     "ArtifactError",
     "AsyncrtError",
     "BusyError",
@@ -30,17 +33,22 @@ __all__ = (
     "CopyError",
     "DTypeError",
     "DeviceError",
+    "DeviceLostError",
     "DeviceNotFoundError",
     "GraphError",
     "InputError",
     "KernelNotFoundError",
+    "MissingDependencyError",
     "NodeFailedError",
     "NodeOutOfMemoryError",
     "OutOfMemoryError",
     "ParamsError",
     "PlanError",
+    "RemoteError",
+    "RenderError",
     "StreamError",
     "StreamMismatchError",
+    "UnsupportedOpError",
     "UnsupportedOperationError",
 )
 
@@ -73,6 +81,32 @@ class GraphError(AsyncrtError, ValueError):
             where.append(f"field {field!r}")
         prefix = ": ".join([", ".join(where)]) + ": " if where else ""
         super().__init__(prefix + message)
+
+
+class UnsupportedOpError(GraphError):
+    """Raised when a model imported by a frontend uses an operator, an
+    attribute or a dtype that asyncrt does not implement — at import time,
+    never as a wrong answer later.
+
+    :ivar op_type: the operator, such as ``"Resize"``.
+    :ivar opset: the model's opset for the operator's domain.
+    :ivar attribute: the attribute to blame, if one is.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        op_type: str,
+        node: str,
+        opset: int,
+        attribute: str | None = None,
+    ) -> None:
+        self.op_type = op_type
+        self.opset = opset
+        self.attribute = attribute
+        super().__init__(f"node {node!r} ({op_type}, opset {opset}): {message}")
+        self.node = node
 
 
 class ParamsError(AsyncrtError, ValueError):
@@ -142,3 +176,31 @@ class NodeOutOfMemoryError(NodeFailedError, OutOfMemoryError):
             f"{cause.device}: requested {cause.requested} bytes, free {free} "
             f"(stream {failed.stream})",
         )
+
+
+class ArgumentError(AsyncrtError, ValueError):
+    """Raised when a tool (time evaluator, debug executor, profile report,
+    timeline, command line) is given an argument it cannot use; the message
+    names the argument and what was wrong with it."""
+
+
+class MissingDependencyError(AsyncrtError, ImportError):
+    """Raised when a feature needs an optional dependency that is not
+    installed; the message says which ``pip install`` brings it.
+
+    :ivar package: the missing package, such as ``"matplotlib"``.
+    :ivar extra: asyncrt's extra that installs it, such as ``"plot"``.
+    """
+
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        self.package = package
+        self.extra = extra
+        super().__init__(
+            f"{feature} needs {package}, which is not installed: "
+            f"pip install 'asyncrt[{extra}]'"
+        )
+
+
+class RenderError(AsyncrtError, RuntimeError):
+    """Raised when an external renderer (graphviz's ``dot``) fails to draw a
+    picture; the message carries what it said."""

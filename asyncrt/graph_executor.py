@@ -70,9 +70,12 @@ from scheduler.placement import Policy
 from scheduler.plan import Plan
 from scheduler.planner import plan_graph
 
+from . import _benchmark, _threads
 from ._context import ContextPool, RunContext, context_nbytes
+from ._fusion import Engine, fuse_graph
 from ._kernels import Module, resolve
 from ._params import decode_params
+from ._time_evaluator import BenchmarkResult, Progress
 from ._work import annotate_work
 from .errors import (
     BusyError,
@@ -103,6 +106,8 @@ def create(
     policy: str | Policy = "auto",
     max_streams: int = 1,
     params: bytes | bytearray | Mapping[str, Any] | None = None,
+    fuse: bool | Engine = False,
+    kernel_threads: int | str = "auto",
 ) -> GraphModule:
     """Create an executor (TVM's ``graph_executor.create``).
 
@@ -126,6 +131,14 @@ def create(
         takes them). The planner then knows them as constants: a parameter
         read on another device is copied there once, when loaded, instead of
         on every run.
+    :param fuse: fuse chains of elementwise nodes into one node each
+        (:mod:`asyncrt._fusion`): ``True`` or ``"numpy"`` runs the members'
+        own kernels block by block (results identical to unfused),
+        ``"numexpr"`` evaluates one numexpr expression where it can.
+    :param kernel_threads: threads of the BLAS, OpenMP, numexpr and
+        fused-kernel pools while this executor is open: ``"auto"``
+        (``max(1, cores // cpu streams)``), ``"keep"`` (untouched) or a
+        number (:mod:`asyncrt._threads`).
     :raises GraphError: if the graph is malformed.
     :raises KernelNotFoundError: if a node's kernel is missing for its device.
     :raises PlanError: if the graph cannot be planned on these devices.
@@ -140,6 +153,8 @@ def create(
         policy=policy,
         max_streams=max_streams,
         params=params,
+        fuse=fuse,
+        kernel_threads=kernel_threads,
     )
 
 
@@ -165,6 +180,8 @@ class GraphModule:
         policy: str | Policy = "auto",
         max_streams: int = 1,
         params: bytes | bytearray | Mapping[str, Any] | None = None,
+        fuse: bool | Engine = False,
+        kernel_threads: int | str = "auto",
     ) -> None:
         self.graph = graph
         values = (
@@ -172,6 +189,9 @@ class GraphModule:
         )
         self._dag = to_dag(graph, () if values is None else tuple(values))
         annotate_work(self._dag, lib)
+        if fuse:
+            engine: Engine = "numpy" if fuse is True else fuse
+            self._dag, lib = fuse_graph(self._dag, lib, devices, engine)
 
         def supported(nid: int, device: Device) -> bool:
             spec = node_spec(self._dag, nid)
@@ -210,6 +230,9 @@ class GraphModule:
         self._param_copies: dict[Entry, NDArray] = {}
         if values is not None:
             self.load_params(values)
+        self._thread_lease = _threads.lease_for(
+            _threads.cpu_streams(self.plan), kernel_threads
+        )
 
     # -- building --------------------------------------------------------------
 
@@ -653,6 +676,57 @@ class GraphModule:
         array = self._own_context().output(self._heads[index])
         return array if out is None else out.copyfrom(array)
 
+    # -- benchmarking --------------------------------------------------------------
+
+    def benchmark(
+        self,
+        device: Device | str | None = None,
+        repeat: int = 5,
+        number: int = 5,
+        min_repeat_ms: float | None = None,
+        end_to_end: bool = False,
+        *,
+        progress: Progress | None = None,
+        **inputs: Any,
+    ) -> BenchmarkResult:
+        """Time runs of the graph (TVM's ``benchmark``), blocking the thread.
+
+        One warm-up run, then ``repeat`` measurements of ``number`` runs
+        each, ``number`` growing until a measurement lasts ``min_repeat_ms``
+        (:func:`asyncrt.time_evaluator`). Without ``end_to_end`` the inputs
+        are set once and the stateful run is timed (no copies counted); with
+        it, each run copies its inputs in and its outputs out.
+
+        :param device: TVM's device argument: checked to be one of the
+            executor's (the plan decides where nodes run).
+        :param progress: called after each measurement with (done, repeat).
+        :return: seconds per run: ``mean``, ``median``, ``std``, ``min``,
+            ``max`` and the raw ``results``.
+        :raises ArgumentError: for a bad count, duration or device.
+        :raises InputError: for bad or missing inputs.
+        :raises NodeFailedError: if a kernel failed.
+        """
+        return _benchmark.benchmark(
+            self, device, repeat, number, min_repeat_ms, end_to_end, progress, inputs
+        )
+
+    async def abenchmark(
+        self,
+        device: Device | str | None = None,
+        repeat: int = 5,
+        number: int = 5,
+        min_repeat_ms: float | None = None,
+        end_to_end: bool = False,
+        *,
+        progress: Progress | None = None,
+        **inputs: Any,
+    ) -> BenchmarkResult:
+        """:meth:`benchmark` for async code: awaits the runs, so the event
+        loop keeps serving other tasks (and coroutine kernels work)."""
+        return await _benchmark.abenchmark(
+            self, device, repeat, number, min_repeat_ms, end_to_end, progress, inputs
+        )
+
     # -- lifetime ------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -686,6 +760,8 @@ class GraphModule:
         if self._closed:
             return
         self._closed = True
+        if self._thread_lease is not None:
+            self._thread_lease.release()
         for context in self._pool.lent:
             context.program.stop()
         self._pool.close()

@@ -17,7 +17,12 @@ from .errors import DeviceNotFoundError
 
 __all__ = ("get_api", "list_devices", "register", "registered_kinds")
 
-_BUILTIN_MODULES = {"cpu": "devices.cpu", "sim": "devices.sim", "cuda": "devices.cuda"}
+_BUILTIN_MODULES = {
+    "cpu": "devices.cpu",
+    "sim": "devices.sim",
+    "cuda": "devices.cuda",
+    "remote": "devices.remote",  # no devices until devices.remote.connect()
+}
 _factories: dict[str, Callable[[], DeviceAPI]] = {}
 _apis: dict[str, DeviceAPI] = {}
 _lock = threading.RLock()

@@ -16,8 +16,10 @@ __all__ = (
     "CopyError",
     "DTypeError",
     "DeviceError",
+    "DeviceLostError",
     "DeviceNotFoundError",
     "OutOfMemoryError",
+    "RemoteError",
     "StreamError",
     "StreamMismatchError",
     "UnsupportedOperationError",
@@ -94,4 +96,49 @@ class StreamError(DeviceError):
 
     def __init__(self, message: str, stream: str) -> None:
         self.stream = stream
+        super().__init__(message)
+
+
+class DeviceLostError(DeviceError):
+    """Raised when a device stopped being reachable while it was in use: the
+    worker behind a ``remote`` device died or left the cluster, or the
+    connection to the cluster was closed. Work already launched there fails
+    with this error (chained under the node's :class:`NodeFailedError`);
+    later work on the device fails at once. Other devices are unaffected.
+
+    :ivar device: the lost device, such as ``"remote:1"``.
+    :ivar worker: the address of the worker behind it, if it had one.
+    """
+
+    def __init__(self, message: str, *, device: str, worker: str | None = None) -> None:
+        self.device = device
+        self.worker = worker
+        super().__init__(message)
+
+
+class RemoteError(DeviceError):
+    """Raised when work on a ``remote`` device raised on its worker.
+
+    The worker's own exception object does not travel: its type name, its
+    message and its traceback come back as text.
+
+    :ivar device: the device, such as ``"remote:0"``.
+    :ivar worker: the worker's address.
+    :ivar type_name: the remote exception's type, such as ``"ValueError"``.
+    :ivar remote_traceback: the remote traceback, as text.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        device: str,
+        worker: str,
+        type_name: str,
+        remote_traceback: str = "",
+    ) -> None:
+        self.device = device
+        self.worker = worker
+        self.type_name = type_name
+        self.remote_traceback = remote_traceback
         super().__init__(message)

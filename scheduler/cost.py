@@ -23,7 +23,11 @@ uses, so for ``sim`` devices the model is exact by construction:
   (``SimDeviceAPI._copy_within``) exactly, and a host copy as a special case
   (the host's link is free). Between two kinds that stage through host memory
   (``cuda`` to ``sim``) it is optimistic; the links' sum would be the
-  pessimistic bound.
+  pessimistic bound;
+* devices whose copies to one another take a path of their own (two
+  ``remote`` devices: worker to worker, never through the host) report it as
+  ``peer_bandwidth`` and ``peer_latency``; a copy between two such devices of
+  one kind costs the slower of their two *peer* links instead.
 
 Null nodes (graph inputs and parameters) and TVM's ``__nop`` cost nothing
 anywhere; they run no kernel, so the ``supported`` hook is not asked about
@@ -119,12 +123,16 @@ class DeviceSpeed:
         ``> 0`` (``math.inf`` for the host itself).
     :ivar latency: seconds per copy over that link, ``>= 0``.
     :ivar launch_overhead: seconds added to every node, ``>= 0``.
+    :ivar peer: the link to other devices of the same kind, where copies
+        between them do not go through the host (``None``: they use
+        :attr:`link`).
     """
 
     flops: float
     bandwidth: float = math.inf
     latency: float = 0.0
     launch_overhead: float = 0.0
+    peer: Link | None = None
 
     def __post_init__(self) -> None:
         for name in ("flops", "bandwidth"):
@@ -160,8 +168,9 @@ def speed_from_attributes(device: Device, attrs: Mapping[str, Any]) -> DeviceSpe
     """Read a :class:`DeviceSpeed` from DeviceAPI attributes.
 
     Reads ``flops``, ``host_bandwidth`` (default: infinite), ``host_latency``
-    (default 0) and, where a backend reports it, ``launch_overhead``
-    (default 0): the names ``devices.get_api(kind).attributes(dev)`` uses.
+    (default 0) and, where a backend reports them, ``launch_overhead``
+    (default 0) and ``peer_bandwidth`` / ``peer_latency`` (the peer link):
+    the names ``devices.get_api(kind).attributes(dev)`` uses.
 
     :param device: the device the attributes describe (named in errors).
     :param attrs: the attributes.
@@ -171,11 +180,17 @@ def speed_from_attributes(device: Device, attrs: Mapping[str, Any]) -> DeviceSpe
     if "flops" not in attrs:
         raise PlanError(f"device {device} reports no 'flops' attribute")
     try:
+        peer = None
+        if "peer_bandwidth" in attrs:
+            peer = Link(
+                float(attrs.get("peer_latency", 0.0)), float(attrs["peer_bandwidth"])
+            )
         return DeviceSpeed(
             flops=float(attrs["flops"]),
             bandwidth=float(attrs.get("host_bandwidth", math.inf)),
             latency=float(attrs.get("host_latency", 0.0)),
             launch_overhead=float(attrs.get("launch_overhead", 0.0)),
+            peer=peer,
         )
     except (TypeError, ValueError) as exc:
         raise PlanError(f"device {device} reports unusable speeds: {exc}") from exc
@@ -291,15 +306,17 @@ class AnalyticCostModel:
         :param nbytes: bytes copied.
         :param src: where they are.
         :param dst: where they go.
-        :return: 0 on the same device, else the slower of the two host links.
+        :return: 0 on the same device; between two devices of one kind that
+            both have a peer link, the slower of those; else the slower of
+            the two host links.
         :raises PlanError: if the model has no speed for either device.
         """
         if src == dst:
             return 0.0
-        return max(
-            self._speed(src).copy_seconds(nbytes),
-            self._speed(dst).copy_seconds(nbytes),
-        )
+        here, there = self._speed(src), self._speed(dst)
+        if src.kind == dst.kind and here.peer is not None and there.peer is not None:
+            return max(here.peer.seconds(nbytes), there.peer.seconds(nbytes))
+        return max(here.copy_seconds(nbytes), there.copy_seconds(nbytes))
 
 
 class TableCostModel:

@@ -21,6 +21,10 @@ in-flight work to drain, and re-raises the cancellation: the program is then
 ready for the next run. :meth:`Program.stop` (from the event loop, e.g.
 when an executor closes) stops a run in flight the same way from outside;
 that run raises :class:`~devices.errors.ClosedResourceError` once drained.
+
+Tracing is opt-in (:mod:`scheduler.trace`): a program given a
+:class:`~scheduler.trace.TraceRecorder` binds traced calls instead of the
+plain ones; without one, nothing on the run path changes.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from devices.errors import ClosedResourceError, StreamError
 from .dag import Entry
 from .errors import NodeFailedError
 from .plan import Launch, Plan, RecordEvent
+from .trace import ProgramTrace, TraceRecorder
 
 __all__ = ("CHECK_EVERY", "Program")
 
@@ -119,6 +124,7 @@ class Program:
         launches need none).
     :param external: the arrays of the plan's external tensors (graph inputs
         and parameters), by entry.
+    :param tracer: records every run's spans (see :meth:`set_tracer`).
     :raises ValueError: if an external tensor is missing or misplaced.
     """
 
@@ -127,11 +133,15 @@ class Program:
         plan: Plan,
         kernels: Mapping[int, Kernel],
         external: Mapping[Entry, NDArray],
+        *,
+        tracer: TraceRecorder | None = None,
     ) -> None:
         self.plan = plan
         self._arenas: list[NDArray] = []
         self._streams: list[Stream] = []
         self._closed = False
+        self._kernels = kernels
+        self._trace: ProgramTrace | None = None
         try:
             self.arrays = self._bind_memory(external)
             for stream_plan in plan.streams:
@@ -139,12 +149,33 @@ class Program:
                 self._streams.append(api.create_stream(stream_plan.device))
             self._events = [Event(f"e{i}") for i in range(plan.num_events)]
             self._state = _RunState()
+            if tracer is not None:
+                self._trace = tracer.bind(plan, self._streams, self.arrays)
             self._actions = self._compile(kernels)
         except BaseException:
             self.close()
             raise
         self._has_async = any(isinstance(a, _AsyncCall) for a in self._actions)
         self._batches = {id(a.calls): a for a in self._actions if isinstance(a, _Batch)}
+
+    def set_tracer(self, tracer: TraceRecorder | None) -> ProgramTrace | None:
+        """Record every later run into ``tracer``; ``None`` stops tracing.
+        Call it between runs: the calls are bound again.
+
+        :return: the program's hooks in ``tracer`` (their ``context`` picks
+            this program's runs out of the recorder), or ``None``.
+        :raises ClosedResourceError: if the program was closed.
+        """
+        self._check_open()
+        self._trace = (
+            None
+            if tracer is None
+            else tracer.bind(self.plan, self._streams, self.arrays)
+        )
+        self._actions = self._compile(self._kernels)
+        self._has_async = any(isinstance(a, _AsyncCall) for a in self._actions)
+        self._batches = {id(a.calls): a for a in self._actions if isinstance(a, _Batch)}
+        return self._trace
 
     # -- binding -------------------------------------------------------------
 
@@ -198,7 +229,10 @@ class Program:
             step = plan.streams[stream].steps[index]
             if isinstance(step, Launch):
                 fn, args = self._bind_launch(step, kernels)
-                if inspect.iscoroutinefunction(fn):
+                is_async = inspect.iscoroutinefunction(fn)
+                if self._trace is not None:
+                    fn = self._trace.wrap(fn, stream, index, step)
+                if is_async:
                     flush(stream)
                     actions.append(_AsyncCall(stream, fn, args, step))
                     continue
@@ -255,6 +289,8 @@ class Program:
         completions = [stream.record().completion for stream in self._streams]
         for completion in completions:
             completion.add_callback(stop_others)
+        if self._trace is not None:
+            self._trace.end(completions)
         return completions
 
     def launch(self) -> list[Completion]:
@@ -265,6 +301,8 @@ class Program:
         """
         self._check_open()
         self._state.stopped = self._state.halted = False
+        if self._trace is not None:
+            self._trace.begin()
         self._issue(self._actions)
         return self._finish()
 
@@ -286,6 +324,8 @@ class Program:
         """
         self._check_open()
         self._state.stopped = self._state.halted = False
+        if self._trace is not None:
+            self._trace.begin()
         completions: list[Completion] = []
         try:
             if self._has_async:
