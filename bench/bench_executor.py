@@ -83,6 +83,8 @@ def to_asyncrt(wl: Any, workloads: Any) -> tuple[Any, Any, dict[str, Any]]:
     lib = asyncrt.Module()
     for k, (op, ins, out, attrs) in enumerate(wl.nodes):
         func = BUILTIN.get(op) if not attrs else None
+        if op == "Softmax" and attrs.get("axis", -1) in (-1, values[ins[0]].ndim - 1):
+            func = "softmax"  # the built-in softmax is over the last axis
         if func is None:
             func = f"{op.lower()}_{k}"
             kernel = _wrap(workloads.numpy_kernel(op, attrs))

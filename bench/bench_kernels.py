@@ -42,7 +42,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_executor import BUILTIN, _wrap, load_harness  # noqa: E402
+from bench_executor import load_harness, to_asyncrt  # noqa: E402
 
 DEFAULT_PEERS_DIR = Path("/tmp/peerbench")
 DEFAULT_PEERS = (
@@ -55,42 +55,6 @@ DEFAULT_PEERS = (
 )
 VARIANTS = ("asyncrt-unfused-s1", "asyncrt-fused-s1", "asyncrt-fused-s2")
 RESULTS = HERE / "results"
-
-
-def to_asyncrt(wl: Any, workloads: Any) -> tuple[Any, Any, dict[str, Any]]:
-    """The workload as (asyncrt Graph, kernel Module, params)."""
-    import numpy as np
-
-    import asyncrt
-    from asyncrt.graph import GraphBuilder
-
-    values: dict[str, Any] = {**wl.consts, **wl.inputs}
-    for out, fn, ins in wl.numpy_nodes():  # shapes and dtypes of every tensor
-        values[out] = np.asarray(fn(*[values[i] for i in ins]))
-    b = GraphBuilder()
-    handles = {}
-    for name, value in wl.inputs.items():
-        handles[name] = b.input(name, shape=value.shape, dtype=str(value.dtype))
-    for name, value in wl.consts.items():
-        handles[name] = b.param(name, shape=value.shape, dtype=str(value.dtype))
-    lib = asyncrt.Module()
-    for k, (op, ins, out, attrs) in enumerate(wl.nodes):
-        func = BUILTIN.get(op) if not attrs else None
-        if op == "Softmax" and attrs.get("axis", -1) in (-1, values[ins[0]].ndim - 1):
-            func = "softmax"
-        if func is None:
-            func = f"{op.lower()}_{k}"
-            lib.add(func, _wrap(workloads.numpy_kernel(op, attrs)), kinds=("cpu",))
-        value = values[out]
-        handles[out] = b.op(
-            func,
-            *[handles[i] for i in ins],
-            shape=value.shape,
-            dtype=str(value.dtype),
-            name=out,
-        )
-    b.output(*[handles[o] for o in wl.outputs])
-    return b.build(), lib, dict(wl.consts)
 
 
 def _variant(name: str) -> tuple[bool, int]:
