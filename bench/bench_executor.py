@@ -34,6 +34,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,50 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def interleaved_rounds(
+    a: argparse.Namespace,
+    peers: Any,
+    run_variant: Callable[[str, str, argparse.Namespace, str], dict[str, Any]],
+) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run every peer and asyncrt variant on every workload, ``a.rounds``
+    times, interleaved (the machine drifts, so neighbours compare best).
+
+    :return: the calibration at the start, every result, and each pair's
+        best-median round.
+    """
+    peer_args = argparse.Namespace(
+        min_runs=a.min_runs,
+        min_time=a.min_time,
+        max_runs=a.max_runs,
+        dist_budget=20.0,
+        timeout=a.timeout,
+    )
+    calibration = peers.calibrate()
+    print(f"free cores at start: {calibration}", flush=True)
+    results: list[dict[str, Any]] = []
+    names = [p for p in a.peers.split(",") if p]
+    variants = [v for v in a.variants.split(",") if v]
+    for _ in range(a.rounds):
+        for wl in a.workload.split(","):
+            for name in [*names, *variants]:
+                if name.startswith("asyncrt"):
+                    r = run_variant(wl, name, a, peers.MARK)
+                else:
+                    r = peers.run_pair(wl, name, peer_args)
+                status = "ok" if r.get("ok") else f"FAILED {r.get('error', '')[:100]}"
+                med = f"{1e3 * r['median_s']:.3f} ms" if r.get("ok") else ""
+                print(f"{wl} {name:20} {med} {status}", flush=True)
+                results.append(r)
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in results:
+        key = (r["workload"], r["peer"])
+        if key not in best or (
+            r.get("ok") and r["median_s"] < best[key].get("median_s", float("inf"))
+        ):
+            best[key] = r
+    return calibration, results, list(best.values())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="W1", help="comma list of W1..W4")
@@ -286,38 +331,8 @@ def main() -> None:
         child(a.child[0], a.child[1], a)
         return
     peers, _ = load_harness(Path(a.peers_dir))
-    peer_args = argparse.Namespace(
-        min_runs=a.min_runs,
-        min_time=a.min_time,
-        max_runs=a.max_runs,
-        dist_budget=20.0,
-        timeout=a.timeout,
-    )
-    calibration = peers.calibrate()
-    print(f"free cores at start: {calibration}", flush=True)
-    results: list[dict[str, Any]] = []
-    names = [p for p in a.peers.split(",") if p]
-    variants = [v for v in a.variants.split(",") if v]
-    for _ in range(a.rounds):
-        for wl in a.workload.split(","):
-            # interleave: the machine drifts, so neighbours compare best
-            for name in [*names, *variants]:
-                if name.startswith("asyncrt"):
-                    r = run_asyncrt(wl, name, a, peers.MARK)
-                else:
-                    r = peers.run_pair(wl, name, peer_args)
-                status = "ok" if r.get("ok") else f"FAILED {r.get('error', '')[:100]}"
-                med = f"{1e3 * r['median_s']:.3f} ms" if r.get("ok") else ""
-                print(f"{wl} {name:18} {med} {status}", flush=True)
-                results.append(r)
-    best: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in results:
-        key = (r["workload"], r["peer"])
-        if key not in best or (
-            r.get("ok") and r["median_s"] < best[key].get("median_s", float("inf"))
-        ):
-            best[key] = r
-    report = table(list(best.values()))
+    calibration, results, best = interleaved_rounds(a, peers, run_asyncrt)
+    report = table(best)
     print(report)
     if a.json:
         with open(a.json, "w") as f:

@@ -42,7 +42,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_executor import load_harness, to_asyncrt  # noqa: E402
+from bench_executor import (  # noqa: E402
+    interleaved_rounds,
+    load_harness,
+    to_asyncrt,
+)
 
 DEFAULT_PEERS_DIR = Path("/tmp/peerbench")
 DEFAULT_PEERS = (
@@ -265,41 +269,12 @@ def main() -> None:
     if a.ops:
         print(ops_table(), flush=True)
     peers, _ = load_harness(Path(a.peers_dir))
-    peer_args = argparse.Namespace(
-        min_runs=a.min_runs,
-        min_time=a.min_time,
-        max_runs=a.max_runs,
-        dist_budget=20.0,
-        timeout=a.timeout,
-    )
-    calibration = peers.calibrate()
-    print(f"free cores at start: {calibration}", flush=True)
-    results: list[dict[str, Any]] = []
-    names = [p for p in a.peers.split(",") if p]
-    variants = [v for v in a.variants.split(",") if v]
-    for _ in range(a.rounds):
-        for wl in a.workload.split(","):
-            for name in [*names, *variants]:  # interleaved: the machine drifts
-                if name.startswith("asyncrt"):
-                    r = run_asyncrt(wl, name, a, peers.MARK)
-                else:
-                    r = peers.run_pair(wl, name, peer_args)
-                status = "ok" if r.get("ok") else f"FAILED {r.get('error', '')[:100]}"
-                med = f"{1e3 * r['median_s']:.3f} ms" if r.get("ok") else ""
-                print(f"{wl} {name:20} {med} {status}", flush=True)
-                results.append(r)
-    best: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in results:
-        key = (r["workload"], r["peer"])
-        if key not in best or (
-            r.get("ok") and r["median_s"] < best[key].get("median_s", float("inf"))
-        ):
-            best[key] = r
-    print(table(list(best.values())))
+    calibration, results, best = interleaved_rounds(a, peers, run_asyncrt)
+    print(table(best))
     print(f"free cores at end: {peers.calibrate()}", flush=True)
     if a.profile:
         RESULTS.mkdir(exist_ok=True)
-        for r in best.values():
+        for r in best:
             if "profile" in r:
                 path = RESULTS / f"kernels-profile-{r['workload']}-{r['peer']}.md"
                 rows = sorted(r["profile"], key=lambda x: -x["median_us"])
