@@ -17,6 +17,16 @@ kernel call. BLAS and OpenMP pools are set through threadpoolctl, numexpr's
 through ``numexpr.set_num_threads`` (if it is installed); fused kernels read
 :attr:`ThreadLimits.threads` when they split their work.
 
+**Services.** ``"auto"`` favours one run's latency: it assumes one run at a
+time. An executor that serves ``R`` concurrent runs (``max_contexts=R``)
+puts up to ``S * R`` streams on the cores at once, each running its own
+kernels; ``kernel_threads="throughput"`` sizes the pools for that:
+``T = max(1, C // (S * R))`` (as ONNX Runtime servers set
+``intra_op_num_threads=1`` and run sessions side by side). On two cores and
+W3 (the MLP), 2 contexts with ``"auto"`` put 4 BLAS threads on 2 cores and
+serve fewer requests per second than one context does; with
+``"throughput"`` they serve more.
+
 **Override.** ``graph_executor.create(..., kernel_threads=N)`` asks for ``N``
 threads instead of the policy's; ``kernel_threads="keep"`` leaves every pool
 as it is (for programs that manage threadpoolctl themselves, or that set
@@ -202,24 +212,30 @@ def run_parts(parts: Sequence[Callable[[], Any]]) -> None:
         future.result()
 
 
-def lease_for(cpu_streams: int, kernel_threads: int | str) -> ThreadLease | None:
+def lease_for(
+    cpu_streams: int, kernel_threads: int | str, concurrent_runs: int = 1
+) -> ThreadLease | None:
     """The lease an executor takes for its configuration.
 
     :param cpu_streams: the cpu compute streams of its plan.
-    :param kernel_threads: ``"auto"`` (the policy: ``max(1, C // S)``, no
-        lease without cpu streams), ``"keep"`` (no lease: pools untouched),
-        or a number of threads.
+    :param kernel_threads: ``"auto"`` (the latency policy:
+        ``max(1, C // S)``), ``"throughput"`` (``max(1, C // (S * R))``);
+        neither takes a lease without cpu streams), ``"keep"`` (no lease:
+        pools untouched), or a number of threads.
+    :param concurrent_runs: ``R``, the runs that may be in flight at once.
     :return: the lease, or ``None``.
     :raises ValueError: for any other ``kernel_threads``.
     """
     if kernel_threads == "keep":
         return None
-    if kernel_threads == "auto":
+    if kernel_threads in ("auto", "throughput"):
         if cpu_streams < 1:
             return None
-        return limits.acquire(policy_threads(cpu_streams))
+        runs = max(1, concurrent_runs) if kernel_threads == "throughput" else 1
+        return limits.acquire(policy_threads(cpu_streams * runs))
     if isinstance(kernel_threads, int) and not isinstance(kernel_threads, bool):
         return limits.acquire(kernel_threads)
     raise ValueError(
-        f'kernel_threads must be "auto", "keep" or an int >= 1, got {kernel_threads!r}'
+        'kernel_threads must be "auto", "throughput", "keep" or an int >= 1, '
+        f"got {kernel_threads!r}"
     )

@@ -137,7 +137,9 @@ def create(
         ``"numexpr"`` evaluates one numexpr expression where it can.
     :param kernel_threads: threads of the BLAS, OpenMP, numexpr and
         fused-kernel pools while this executor is open: ``"auto"``
-        (``max(1, cores // cpu streams)``), ``"keep"`` (untouched) or a
+        (``max(1, cores // cpu streams)``: one run's latency first),
+        ``"throughput"`` (``max(1, cores // (cpu streams * max_contexts))``:
+        for services with concurrent runs), ``"keep"`` (untouched) or a
         number (:mod:`asyncrt._threads`).
     :raises GraphError: if the graph is malformed.
     :raises KernelNotFoundError: if a node's kernel is missing for its device.
@@ -231,7 +233,7 @@ class GraphModule:
         if values is not None:
             self.load_params(values)
         self._thread_lease = _threads.lease_for(
-            _threads.cpu_streams(self.plan), kernel_threads
+            _threads.cpu_streams(self.plan), kernel_threads, max_contexts
         )
 
     # -- building --------------------------------------------------------------

@@ -15,9 +15,10 @@ lags pooled. Modes:
   ``max_contexts=N``, in a child of this interpreter (with its own ``idle``
   baseline, ``asyncrt-idle``, measured in that same process);
 * ``asyncrt-cN-uvloop``: the same on uvloop, if it is installed;
-* ``...-blas1``: the same with ``OPENBLAS_NUM_THREADS=1`` in that child (N
-  streams each running single-threaded BLAS instead of N x cores BLAS
-  threads fighting over the cores; ONNX Runtime sizes its own pool).
+* ``...-throughput``: the same with ``kernel_threads="throughput"`` (kernel
+  pools sized for N concurrent runs: N streams each running single-threaded
+  BLAS on 2 cores, instead of N x cores BLAS threads fighting over them;
+  ONNX Runtime sizes its own pool). Plain ``asyncrt-cN`` uses ``"auto"``.
 
     PEER_PY=/path/to/peers-venv/bin/python python bench/bench_loop_lag.py
 
@@ -31,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -120,6 +122,11 @@ def summarise(mode: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _kernel_threads(text: str) -> int | str:
+    """``--kernel-threads`` as ``create`` takes it: a policy name or a count."""
+    return int(text) if text.isdigit() else text
+
+
 def child(a: argparse.Namespace) -> None:
     sys.path.insert(0, str(HERE))
     import numpy as np
@@ -139,7 +146,13 @@ def child(a: argparse.Namespace) -> None:
         if a.uvloop:
             plan.append((f"asyncrt-c{n}-uvloop", n, True))
     for mode, contexts, use_uvloop in plan:
-        ex = graph_executor.create(graph, lib, "cpu", max_contexts=max(contexts, 1))
+        ex = graph_executor.create(
+            graph,
+            lib,
+            "cpu",
+            max_contexts=max(contexts, 1),
+            kernel_threads=_kernel_threads(a.kernel_threads),
+        )
         ex.load_params(params)
         for _ in range(3):  # warm up: every context made, caches hot
             ex.run_sync(**feed)
@@ -199,14 +212,12 @@ def run_ort(a: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def run_asyncrt(a: argparse.Namespace, blas: str) -> dict[str, Any]:
-    """The asyncrt modes in a child; ``blas`` is its OpenBLAS thread count
-    (``"default"``: numpy's own choice, one per core)."""
+def run_asyncrt(a: argparse.Namespace, kernel_threads: str) -> dict[str, Any]:
+    """The asyncrt modes in a child whose executors take ``kernel_threads``
+    (``"auto"``: one run's latency first; ``"throughput"``: pools sized for
+    ``max_contexts`` concurrent runs; or a number)."""
     env = dict(os.environ)
-    suffix = ""
-    if blas != "default":
-        env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = blas
-        suffix = f"-blas{blas}"
+    suffix = "" if kernel_threads == "auto" else f"-{kernel_threads}"
     cmd = [
         sys.executable,
         __file__,
@@ -219,6 +230,8 @@ def run_asyncrt(a: argparse.Namespace, blas: str) -> dict[str, Any]:
         a.contexts,
         "--peers-dir",
         str(a.peers_dir),
+        "--kernel-threads",
+        kernel_threads,
     ]
     if not a.uvloop:
         cmd.append("--no-uvloop")
@@ -262,7 +275,7 @@ def verdict(results: dict[str, Any]) -> list[str]:
     for mode, s in results.items():
         if not mode.startswith("asyncrt-c") or "error" in s:
             continue
-        suffix = mode[mode.index("-blas") :] if "-blas" in mode else ""
+        suffix = re.sub(r"^asyncrt-c\d+(-uvloop)?", "", mode)
         local_idle = results.get(f"asyncrt-idle{suffix}", {})
         for name, base in (("idle (ORT child)", idle), ("asyncrt-idle", local_idle)):
             if "lag_p99_ms" in base:
@@ -289,10 +302,10 @@ def main() -> None:
     ap.add_argument("--ort-modes", default="idle,direct,executor,run_async")
     ap.add_argument("--no-uvloop", dest="uvloop", action="store_false")
     ap.add_argument(
-        "--blas-threads",
-        default="default,1",
-        help="OpenBLAS threads in the asyncrt child, a comma list: 'default' "
-        "(one per core) and/or numbers; each is one child",
+        "--kernel-threads",
+        default="auto,throughput",
+        help="the executors' kernel_threads, a comma list ('auto', "
+        "'throughput', or numbers); each is one child",
     )
     ap.add_argument("--peers-dir", default=str(DEFAULT_PEERS_DIR))
     ap.add_argument("--timeout", type=float, default=600)
@@ -307,11 +320,11 @@ def main() -> None:
     t = time.perf_counter()
     results.update(run_ort(a))
     print(f"# ONNX Runtime modes done in {time.perf_counter() - t:.1f} s", flush=True)
-    for blas in a.blas_threads.split(","):
+    for kernel_threads in a.kernel_threads.split(","):
         t = time.perf_counter()
-        results.update(run_asyncrt(a, blas))
+        results.update(run_asyncrt(a, kernel_threads))
         print(
-            f"# asyncrt modes (BLAS threads: {blas}) done in "
+            f"# asyncrt modes (kernel_threads={kernel_threads}) done in "
             f"{time.perf_counter() - t:.1f} s",
             flush=True,
         )

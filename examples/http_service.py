@@ -102,7 +102,15 @@ def build_graph() -> Graph:
 
 def create_executor(max_contexts: int = 8) -> graph_executor.GraphModule:
     """The executor every request shares."""
-    ex = graph_executor.create(build_graph(), None, "cpu", max_contexts=max_contexts)
+    # Requests run side by side: size the kernel pools for that, not for one
+    # run's latency (no R x cores BLAS threads on the cores).
+    ex = graph_executor.create(
+        build_graph(),
+        None,
+        "cpu",
+        max_contexts=max_contexts,
+        kernel_threads="throughput",
+    )
     ex.load_params(asyncrt.save_param_dict(weights()))
     return ex
 

@@ -350,3 +350,23 @@ def test_lease_counts_the_cpu_streams_that_run_kernels() -> None:
     # fused into one node: one stream has work, so the pools keep every core
     with graph_executor.create(chain_graph(), max_streams=2, fuse=True) as ex:
         assert _threads.cpu_streams(ex.plan) == 1
+
+
+def test_throughput_policy_counts_concurrent_runs() -> None:
+    cores = _threads.available_cores()
+    with graph_executor.create(
+        chain_graph(), max_contexts=3, kernel_threads="throughput"
+    ) as ex:
+        assert ex._thread_lease is not None
+        assert ex._thread_lease.threads == _threads.policy_threads(3)
+        assert ex._thread_lease.threads == max(1, cores // 3)
+    with graph_executor.create(chain_graph(), max_contexts=3) as ex:
+        assert ex._thread_lease is not None
+        assert ex._thread_lease.threads == cores  # "auto": one run's latency
+    lease = _threads.lease_for(2, "throughput", concurrent_runs=2)
+    assert lease is not None
+    try:
+        assert lease.threads == _threads.policy_threads(4)
+    finally:
+        lease.release()
+    assert _threads.lease_for(0, "throughput", concurrent_runs=4) is None
