@@ -224,13 +224,22 @@ def run_asyncrt(
         "--device",
         a.device,
     ]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    failed = {"workload": wl, "peer": variant}
+    return run_child(cmd, mark, a.timeout, failed)
+
+
+def run_child(
+    cmd: list[str], mark: str, timeout: float, failed: dict[str, Any]
+) -> dict[str, Any]:
+    """Run a benchmark child; its result is the JSON after ``mark`` on its
+    stdout, or ``failed`` with ``ok: False`` and the child's last lines."""
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     for line in p.stdout.splitlines():
         if line.startswith(mark):
             result: dict[str, Any] = json.loads(line[len(mark) :])
             return result
     tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
-    return {"workload": wl, "peer": variant, "ok": False, "error": " | ".join(tail)}
+    return {**failed, "ok": False, "error": " | ".join(tail)}
 
 
 def table(results: list[dict[str, Any]]) -> str:

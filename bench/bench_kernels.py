@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ sys.path.insert(0, str(HERE))
 from bench_executor import (  # noqa: E402
     interleaved_rounds,
     load_harness,
+    run_child,
     to_asyncrt,
 )
 
@@ -166,12 +166,7 @@ def run_asyncrt(wl: str, variant: str, a: argparse.Namespace, mark: str) -> Any:
     ]
     if a.profile:
         cmd.append("--profile")
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-    for line in p.stdout.splitlines():
-        if line.startswith(mark):
-            return json.loads(line[len(mark) :])
-    tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
-    return {"workload": wl, "peer": variant, "ok": False, "error": " | ".join(tail)}
+    return run_child(cmd, mark, a.timeout, {"workload": wl, "peer": variant})
 
 
 def table(results: list[dict[str, Any]]) -> str:

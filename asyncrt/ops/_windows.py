@@ -11,13 +11,16 @@ kernel reduces or gathers.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from ._common import Array
 
-__all__ = ("Geometry", "pad_spatial", "windows")
+__all__ = ("Geometry", "pad_spatial", "reduce_windows", "windows")
 
 
 @dataclass(frozen=True)
@@ -113,3 +116,41 @@ def windows(
 def window_count(geometry: Geometry) -> int:
     """How many elements a window holds."""
     return math.prod(geometry.kernel)
+
+
+def reduce_windows(
+    xp: ModuleType,
+    padded: Array,
+    geometry: Geometry,
+    combine: Callable[..., Any],
+    out: Array,
+) -> None:
+    """Fold every window of ``padded`` into ``out`` with the binary ufunc
+    ``combine`` (``maximum``, ``add``).
+
+    One strided slice per kernel offset, combined into ``out`` in place:
+    ``prod(kernel)`` whole-array calls instead of a reduction over a
+    6-D strided view, which numpy runs element by element (10-20x slower
+    on the test CNN's pools).
+    """
+    out_shape = out.shape[2:]
+    offsets = itertools.product(*(range(k) for k in geometry.kernel))
+    for n, offset in enumerate(offsets):
+        index = (
+            slice(None),
+            slice(None),
+            *(
+                slice(k * d, k * d + (o - 1) * s + 1, s)
+                for k, d, o, s in zip(
+                    offset,
+                    geometry.dilations,
+                    out_shape,
+                    geometry.strides,
+                    strict=True,
+                )
+            ),
+        )
+        if n == 0:
+            out[...] = padded[index]
+        else:
+            combine(out, padded[index], out=out)

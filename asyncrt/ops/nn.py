@@ -22,7 +22,7 @@ from scheduler.dag import TensorSpec
 
 from ._common import Array, choice, flag, integer, ints, number, opt_ints, quiet
 from ._registry import Attrs, define
-from ._windows import Geometry, pad_spatial, windows
+from ._windows import Geometry, pad_spatial, reduce_windows, windows
 
 __all__ = ()
 
@@ -113,17 +113,15 @@ def _max_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
     geometry = _geometry(attrs)
     with_indices = flag(attrs, "indices")
     column_major = integer(attrs, "storage_order") == 1
-    rank = len(geometry.kernel)
-    window_axes = tuple(range(2 + rank, 2 + 2 * rank))
 
     def max_pool(x: Array, out: Array, *indices: Array) -> None:
         out_spatial = out.shape[2:]
         begin, _, reach = geometry.padding(x.shape[2:], out_spatial)
         lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
         padded = pad_spatial(xp, x, begin, reach, lowest)
-        view = windows(xp, padded, geometry, out_spatial)
-        xp.max(view, axis=window_axes, out=out)
+        reduce_windows(xp, padded, geometry, xp.maximum, out)
         if with_indices:
+            view = windows(xp, padded, geometry, out_spatial)
             _argmax_indices(
                 xp, view, x.shape, begin, geometry, column_major, indices[0]
             )
@@ -170,8 +168,8 @@ def _avg_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
     def avg_pool(x: Array, out: Array) -> None:
         in_spatial, out_spatial = x.shape[2:], out.shape[2:]
         begin, end, reach = geometry.padding(in_spatial, out_spatial)
-        view = windows(xp, pad_spatial(xp, x, begin, reach, 0), geometry, out_spatial)
-        xp.sum(view, axis=window_axes, out=out)
+        padded = pad_spatial(xp, x, begin, reach, 0)
+        reduce_windows(xp, padded, geometry, xp.add, out)
         if not any(begin) and not any(reach):
             xp.divide(out, math.prod(geometry.kernel), out)
             return

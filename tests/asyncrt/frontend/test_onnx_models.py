@@ -13,6 +13,7 @@ import onnx
 import pytest
 
 import asyncrt
+import devices.cpu
 from asyncrt import graph_executor
 from asyncrt.errors import GraphError
 from asyncrt.frontend import from_onnx
@@ -71,9 +72,13 @@ def test_matches_onnxruntime_on_cpu(name: str) -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("policy", ["heft", "round_robin"])
-async def test_matches_onnxruntime_split_across_devices(name: str, policy: str) -> None:
-    # Fast simulated devices, so that HEFT moves work off the host.
+async def test_matches_onnxruntime_split_across_devices(
+    name: str, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fast simulated devices and a slow host, so that HEFT moves work off the
+    # host whatever this machine's measured matmul speed (the cpu's "flops").
     sim.configure(2, SimConfig(flops=1e12, bandwidth=1e11, latency=1e-6))
+    monkeypatch.setattr(devices.cpu, "_measured_flops", lambda: 1e8)
     model, x, expected = _case(name)
     graph, params = from_onnx(model)
     chosen = _round_robin if policy == "round_robin" else policy

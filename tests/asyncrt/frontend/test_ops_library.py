@@ -77,3 +77,30 @@ def test_non_finite_numbers_survive_json() -> None:
     out = np.empty(4, np.float32)
     kernel(np.array([1.0, 2.0], np.float32), out)
     np.testing.assert_array_equal(out, [-np.inf, 1.0, 2.0, -np.inf])
+
+
+def test_float32_erf_matches_scipy_within_a_few_ulp() -> None:
+    special = pytest.importorskip("scipy.special")
+    from asyncrt.ops.activation import erf_float32
+
+    x = np.concatenate(
+        [
+            np.linspace(-6, 6, 200_001, dtype=np.float32),
+            np.array([0.0, -0.0, np.inf, -np.inf, 1e-30, -1e-30], np.float32),
+        ]
+    )
+    out = np.empty_like(x)
+    erf_float32(np, x, out)
+    expected = special.erf(x.astype(np.float64))
+    assert np.max(np.abs(out - expected)) < 1e-6
+    assert np.isnan(erf_float32_of(np.float32(np.nan)))
+    erf_float32(np, x, x)  # in place
+    np.testing.assert_array_equal(x, out)
+
+
+def erf_float32_of(value: np.float32) -> np.float32:
+    from asyncrt.ops.activation import erf_float32
+
+    out = np.empty(1, np.float32)
+    erf_float32(np, np.array([value], np.float32), out)
+    return out[0]

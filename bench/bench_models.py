@@ -1,0 +1,227 @@
+"""The test suite's two ONNX models (a small CNN and a transformer encoder
+block) on the cpu device: asyncrt through its ONNX frontend against ONNX
+Runtime, in one run.
+
+    flock /tmp/asyncrt-bench.lock .venv/bin/python bench/bench_models.py \\
+        --rounds 2 --json bench/results/models.json
+
+The models are ``tests/asyncrt/frontend/models.py``'s, at the size the tests
+use and at a serving size (``cnn-b32``: batch 32; ``enc-s128``: batch 1,
+sequence 128, width 256, 8 heads, as W4). Every (model, runner) pair runs in
+its own child process of this interpreter (ONNX Runtime is a dev
+dependency), rounds interleaved; each pair's best-median round is reported.
+Runners:
+
+* ``ort-seq-t1`` / ``ort-seq-tdef`` / ``ort-par-t1`` / ``ort-par-tdef``:
+  ONNX Runtime's CPU provider, sequential or parallel execution, one or the
+  default intra-op threads (as ``../shared/bench/peers.py`` runs it);
+* ``asyncrt``: ``from_onnx`` then ``graph_executor.create(..., "cpu")`` and
+  ``run_sync(x=...)`` (inputs in, outputs out, as ``sess.run``);
+* ``asyncrt-fused``: the same with ``fuse=True``.
+
+Outputs are compared with ONNX Runtime's (``max|d| / max|ref| <= 1e-4``).
+Each pair: warm-up, then at least ``--min-runs`` timed runs and
+``--min-time`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_executor import run_child  # noqa: E402
+
+MARK = "@@MODELS@@"
+RUNNERS = (
+    "ort-seq-t1",
+    "ort-seq-tdef",
+    "ort-par-t1",
+    "ort-par-tdef",
+    "asyncrt",
+    "asyncrt-fused",
+)
+MODELS = ("cnn", "cnn-b32", "enc", "enc-s128")
+
+
+def build_model(name: str) -> tuple[Any, dict[str, Any]]:
+    """The ONNX model ``name`` and its input feed (fixed seed)."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT))
+    from tests.asyncrt.frontend.models import encoder_block, small_cnn
+
+    rng = np.random.default_rng(0)
+    if name.startswith("cnn"):
+        batch = 32 if name == "cnn-b32" else 2
+        model = small_cnn(batch=batch)
+        x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
+    else:
+        kw = (
+            {"batch": 1, "seq": 128, "dim": 256, "heads": 8}
+            if name == "enc-s128"
+            else {}
+        )
+        model = encoder_block(**kw)
+        shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+        x = rng.standard_normal(shape).astype(np.float32)
+    return model, {model.graph.input[0].name: x}
+
+
+def _ort_session(model: Any, runner: str) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if "-par-" in runner:
+        so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        so.inter_op_num_threads = 2
+    else:
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if runner.endswith("-t1"):
+        so.intra_op_num_threads = 1
+    return ort.InferenceSession(
+        model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+    )
+
+
+def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
+    import numpy as np
+
+    model, feed = build_model(model_name)
+    reference = _ort_session(model, "ort-seq-t1").run(None, feed)
+    t0 = time.perf_counter()
+    if runner.startswith("ort"):
+        sess = _ort_session(model, runner)
+
+        def fn() -> list[Any]:
+            return list(sess.run(None, feed))
+
+    else:
+        from asyncrt import graph_executor
+        from asyncrt.frontend import from_onnx
+
+        graph, params = from_onnx(model)
+        ex = graph_executor.create(
+            graph, None, "cpu", params=params, fuse=runner.endswith("-fused")
+        )
+
+        def fn() -> list[Any]:
+            return [o.numpy() for o in ex.run_sync(**feed) or []]
+
+    setup_s = time.perf_counter() - t0
+    out = fn()
+    rel_err = max(
+        float(np.max(np.abs(np.asarray(o, np.float64) - r)))
+        / max(float(np.max(np.abs(r))), 1e-30)
+        for o, r in zip(out, reference, strict=True)
+    )
+    for _ in range(5):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < a.min_runs or time.perf_counter() - start < a.min_time:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        if len(times) >= a.max_runs:
+            break
+    times.sort()
+    res = {
+        "model": model_name,
+        "runner": runner,
+        "ok": True,
+        "runs": len(times),
+        "median_s": times[len(times) // 2],
+        "min_s": times[0],
+        "setup_s": setup_s,
+        "rel_err": rel_err,
+        "correct": rel_err <= 1e-4,
+        "nodes": len(model.graph.node),
+    }
+    print(MARK + json.dumps(res), flush=True)
+
+
+def run_pair(model: str, runner: str, a: argparse.Namespace) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        model,
+        runner,
+        "--min-runs",
+        str(a.min_runs),
+        "--min-time",
+        str(a.min_time),
+        "--max-runs",
+        str(a.max_runs),
+    ]
+    return run_child(cmd, MARK, a.timeout, {"model": model, "runner": runner})
+
+
+def table(best: dict[tuple[str, str], dict[str, Any]]) -> str:
+    lines = [
+        "| model | runner | median ms | / ORT best | rel err | correct |",
+        "|---|---|---|---|---|---|",
+    ]
+    for model in dict.fromkeys(m for m, _ in best):
+        rows = {r: v for (m, r), v in best.items() if m == model}
+        ort = [v for r, v in rows.items() if r.startswith("ort") and v.get("ok")]
+        ort_best = min((v["median_s"] for v in ort), default=float("nan"))
+        for runner, v in rows.items():
+            if not v.get("ok"):
+                lines.append(f"| {model} | {runner} | failed: {v['error'][:80]} ||||")
+                continue
+            lines.append(
+                f"| {model} | {runner} | {1e3 * v['median_s']:.3f} | "
+                f"{v['median_s'] / ort_best:.2f} | {v['rel_err']:.1e} | "
+                f"{v['correct']} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--runners", default=",".join(RUNNERS))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--min-runs", type=int, default=20)
+    ap.add_argument("--min-time", type=float, default=0.5)
+    ap.add_argument("--max-runs", type=int, default=2000)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--json")
+    ap.add_argument("--child", nargs=2, metavar=("MODEL", "RUNNER"))
+    a = ap.parse_args()
+    if a.child:
+        child(a.child[0], a.child[1], a)
+        return
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    results = []
+    for _ in range(a.rounds):
+        for model in a.models.split(","):
+            for runner in a.runners.split(","):
+                r = run_pair(model, runner, a)
+                results.append(r)
+                shown = f"{1e3 * r['median_s']:.3f} ms" if r.get("ok") else "FAILED"
+                print(f"{model:9} {runner:14} {shown}", flush=True)
+                key = (model, runner)
+                if key not in best or (
+                    r.get("ok")
+                    and r["median_s"] < best[key].get("median_s", float("inf"))
+                ):
+                    best[key] = r
+    print()
+    print(table(best))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"best": list(best.values()), "all": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
