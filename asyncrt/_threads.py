@@ -219,9 +219,9 @@ def lease_for(
 
     :param cpu_streams: the cpu compute streams of its plan.
     :param kernel_threads: ``"auto"`` (the latency policy:
-        ``max(1, C // S)``), ``"throughput"`` (``max(1, C // (S * R))``);
-        neither takes a lease without cpu streams), ``"keep"`` (no lease:
-        pools untouched), or a number of threads.
+        ``max(1, C // S)``) or ``"throughput"`` (``max(1, C // (S * R))``),
+        neither of which takes a lease without cpu streams; ``"keep"`` (no
+        lease: pools untouched); or a number of threads.
     :param concurrent_runs: ``R``, the runs that may be in flight at once.
     :return: the lease, or ``None``.
     :raises ValueError: for any other ``kernel_threads``.
