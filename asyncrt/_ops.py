@@ -213,15 +213,63 @@ def _quiet_ufunc(ufunc: str) -> KernelFactory:
     return make
 
 
-def _erf(xp: ModuleType) -> Callable[..., None]:
-    # scipy's erf ufunc (cupyx's on cuda), imported on first use: it is not
-    # worth its import time to programs that never call it.
+def make_erf(xp: ModuleType) -> Callable[..., None]:
+    """The ``erf`` kernel for ``xp`` (GELU calls it too).
+
+    float32 on numpy: :func:`erf_float32`, because scipy computes float32
+    erf in double, one element at a time (16 ns each here, 6x the
+    whole-array version). Otherwise scipy's erf ufunc (cupyx's on cuda),
+    imported on first use: it is not worth its import time to programs
+    that never call it.
+    """
     special = "scipy.special" if xp is np else "cupyx.scipy.special"
 
     def erf(a: Array, out: Array) -> None:
-        importlib.import_module(special).erf(a, out)
+        if xp is np and out.dtype == np.float32:
+            erf_float32(xp, a, out)
+        else:
+            importlib.import_module(special).erf(a, out)
 
     return erf
+
+
+# Eigen's float32 erf (``generic_fast_erf_float``, as TensorFlow and XLA use
+# it): erf(x) = x P(x^2) / Q(x^2) on x clamped to [-4, 4], where float32 erf
+# is +-1 already. Largest error against scipy's double erf: 4.5e-7.
+_ERF_P = (
+    -2.72614225801306e-10,
+    2.77068142495902e-08,
+    -2.10102402082508e-06,
+    -5.69250639462346e-05,
+    -7.34990630326855e-04,
+    -2.95459980854025e-03,
+    -1.60960333262415e-02,
+)
+_ERF_Q = (
+    -1.45660718464996e-05,
+    -2.13374055278905e-04,
+    -1.68282697438203e-03,
+    -7.37332916720468e-03,
+    -1.42647390514189e-02,
+)
+
+
+def erf_float32(xp: ModuleType, a: Array, out: Array) -> None:
+    """erf of float32 ``a`` into ``out`` (may be ``a``) with whole-array
+    calls: Eigen's rational approximation (see ``_ERF_P``)."""
+    f32 = xp.float32
+    x = xp.clip(a, f32(-4), f32(4))
+    x2 = xp.multiply(x, x)
+    q = xp.full_like(x2, f32(_ERF_Q[0]))
+    for c in _ERF_Q[1:]:
+        xp.multiply(q, x2, q)
+        xp.add(q, f32(c), q)
+    out[...] = f32(_ERF_P[0])
+    for c in _ERF_P[1:]:
+        xp.multiply(out, x2, out)
+        xp.add(out, f32(c), out)
+    xp.multiply(out, x, out)
+    xp.divide(out, q, out)
 
 
 def _softplus(xp: ModuleType) -> Callable[..., None]:
@@ -372,7 +420,7 @@ for _name, _func, _flops in (
     register_for_all_kinds(_name, _quiet_ufunc(_func), _flops)
 
 for _name, _make, _flops in (
-    ("erf", _erf, _TRANSCENDENTAL),
+    ("erf", make_erf, _TRANSCENDENTAL),
     ("softplus", _softplus, _TRANSCENDENTAL),
     ("softsign", _softsign, None),
     ("mish", _mish, _TRANSCENDENTAL),

@@ -8,11 +8,11 @@ so that passes which recognise elementwise kernels by name see them.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from types import ModuleType
 
+from .._ops import make_erf
 from ._common import Array, choice, flag, number, quiet
 from ._registry import Attrs, define
 
@@ -106,10 +106,7 @@ def _shrink(xp: ModuleType, attrs: Attrs) -> Kernel:
 @define("gelu")
 def _gelu(xp: ModuleType, attrs: Attrs) -> Kernel:
     tanh = choice(attrs, "approximate", ("none", "tanh")) == "tanh"
-    erf_module = "scipy.special" if xp.__name__ == "numpy" else "cupyx.scipy.special"
-    # scipy's float32 erf computes in double, one element at a time (16 ns
-    # each here): 6x the rest of the W4-sized block's GELU. cupyx's is fast.
-    fast_erf = xp.__name__ == "numpy"
+    erf = make_erf(xp)
 
     def gelu(a: Array, out: Array) -> None:
         if tanh:
@@ -123,59 +120,12 @@ def _gelu(xp: ModuleType, attrs: Attrs) -> Kernel:
         else:
             # 0.5 x (1 + erf(x / sqrt(2)))
             xp.multiply(a, 1 / math.sqrt(2), out)
-            if fast_erf and out.dtype == xp.float32:
-                erf_float32(xp, out, out)
-            else:
-                _erf(erf_module)(out, out)
+            erf(out, out)
         xp.add(out, 1, out)
         xp.multiply(out, a, out)
         xp.multiply(out, 0.5, out)
 
     return gelu
-
-
-# Eigen's float32 erf (``generic_fast_erf_float``, as TensorFlow and XLA use
-# it): erf(x) = x P(x^2) / Q(x^2) on x clamped to [-4, 4], where float32 erf
-# is +-1 already. Largest error against scipy's double erf: 4.5e-7.
-_ERF_P = (
-    -2.72614225801306e-10,
-    2.77068142495902e-08,
-    -2.10102402082508e-06,
-    -5.69250639462346e-05,
-    -7.34990630326855e-04,
-    -2.95459980854025e-03,
-    -1.60960333262415e-02,
-)
-_ERF_Q = (
-    -1.45660718464996e-05,
-    -2.13374055278905e-04,
-    -1.68282697438203e-03,
-    -7.37332916720468e-03,
-    -1.42647390514189e-02,
-)
-
-
-def erf_float32(xp: ModuleType, a: Array, out: Array) -> None:
-    """erf of float32 ``a`` into ``out`` (may be ``a``) with whole-array
-    calls: Eigen's rational approximation (see ``_ERF_P``)."""
-    f32 = xp.float32
-    x = xp.clip(a, f32(-4), f32(4))
-    x2 = xp.multiply(x, x)
-    q = xp.full_like(x2, f32(_ERF_Q[0]))
-    for c in _ERF_Q[1:]:
-        xp.multiply(q, x2, q)
-        xp.add(q, f32(c), q)
-    out[...] = f32(_ERF_P[0])
-    for c in _ERF_P[1:]:
-        xp.multiply(out, x2, out)
-        xp.add(out, f32(c), out)
-    xp.multiply(out, x, out)
-    xp.divide(out, q, out)
-
-
-def _erf(module: str) -> Callable[..., None]:
-    erf: Callable[..., None] = importlib.import_module(module).erf
-    return erf
 
 
 @define("clip")

@@ -81,7 +81,7 @@ def test_non_finite_numbers_survive_json() -> None:
 
 def test_float32_erf_matches_scipy_within_a_few_ulp() -> None:
     special = pytest.importorskip("scipy.special")
-    from asyncrt.ops.activation import erf_float32
+    from asyncrt._ops import erf_float32
 
     x = np.concatenate(
         [
@@ -99,7 +99,7 @@ def test_float32_erf_matches_scipy_within_a_few_ulp() -> None:
 
 
 def erf_float32_of(value: np.float32) -> np.float32:
-    from asyncrt.ops.activation import erf_float32
+    from asyncrt._ops import erf_float32
 
     out = np.empty(1, np.float32)
     erf_float32(np, np.array([value], np.float32), out)
