@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterable, Mapping
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 
@@ -42,7 +43,21 @@ from scheduler.plan import Plan
 
 from .errors import ClosedResourceError, OutOfMemoryError
 
-__all__ = ("ContextPool", "RunContext", "context_nbytes")
+__all__ = ("ContextPool", "PooledContext", "RunContext", "context_nbytes")
+
+
+class PooledContext(Protocol):
+    """What the pool needs of a context: its bytes, and a way to free it."""
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes the context holds."""
+
+    def close(self) -> None:
+        """Free the context."""
+
+
+C = TypeVar("C", bound=PooledContext)
 
 
 def context_nbytes(plan: Plan, inputs: Iterable[int]) -> int:
@@ -87,6 +102,11 @@ class RunContext:
         self.is_set: set[Entry] = set()
         self.generation = 0
 
+    @property
+    def usable(self) -> bool:
+        """Whether the context may serve another run (always, in process)."""
+        return True
+
     def output(self, entry: Entry) -> NDArray:
         """The array of a head in this context (overwritten by its next run)."""
         return self.program.arrays[entry]
@@ -101,7 +121,7 @@ class RunContext:
             get_api(array.device.kind).free(array.buffer)
 
 
-class ContextPool:
+class ContextPool(Generic[C]):
     """Contexts lent to callers first come, first served; see the module
     docstring for the policy.
 
@@ -116,7 +136,7 @@ class ContextPool:
 
     def __init__(
         self,
-        make: Callable[[], RunContext],
+        make: Callable[[], C],
         limit: int,
         *,
         budget: int | None = None,
@@ -130,11 +150,11 @@ class ContextPool:
         self.limit = limit
         self.budget = budget
         self._cost = cost
-        self._idle: list[RunContext] = []
-        self._lent: set[RunContext] = set()
+        self._idle: list[C] = []
+        self._lent: set[C] = set()
         self._count = 0
         self._bytes = 0
-        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._waiters: collections.deque[_Waiter[C]] = collections.deque()
         self._closed = False
 
     @property
@@ -148,7 +168,7 @@ class ContextPool:
         return len(self._idle)
 
     @property
-    def lent(self) -> frozenset[RunContext]:
+    def lent(self) -> frozenset[C]:
         """The contexts lent out now (runs in flight)."""
         return frozenset(self._lent)
 
@@ -167,7 +187,7 @@ class ContextPool:
         """Whether :meth:`close` was called."""
         return self._closed
 
-    async def acquire(self) -> RunContext:
+    async def acquire(self) -> C:
         """Borrow a context, waiting (fairly) if none may be lent now.
 
         :raises ClosedResourceError: if the pool is or gets closed.
@@ -181,9 +201,9 @@ class ContextPool:
                 return context
         return await self._wait(front=False)
 
-    async def _wait(self, *, front: bool) -> RunContext:
+    async def _wait(self, *, front: bool) -> C:
         while True:
-            waiter = _Waiter()
+            waiter: _Waiter[C] = _Waiter()
             if front:
                 self._waiters.appendleft(waiter)
             else:
@@ -218,7 +238,7 @@ class ContextPool:
             return True
         return self._bytes + self._cost() <= self.budget
 
-    def _take(self) -> RunContext | None:
+    def _take(self) -> C | None:
         """Lend an idle context, or a new one if the limits allow; ``None``
         if the caller must wait."""
         if self._idle:
@@ -248,7 +268,7 @@ class ContextPool:
             waiter.may_grow = True
             waiter.event.set()
 
-    def release(self, context: RunContext) -> None:
+    def release(self, context: C) -> None:
         """Return a lent context: to the longest waiter, or to the idle list."""
         if self._closed:
             self._drop(context)
@@ -261,13 +281,13 @@ class ContextPool:
             self._lent.discard(context)
             self._idle.append(context)
 
-    def discard(self, context: RunContext) -> None:
+    def discard(self, context: C) -> None:
         """Drop a lent context instead of returning it (it is stale or
         broken); a waiter may make a new one in its place."""
         self._drop(context)
         self._wake_grower()
 
-    def _drop(self, context: RunContext) -> None:
+    def _drop(self, context: C) -> None:
         self._lent.discard(context)
         self._count -= 1
         self._bytes -= context.nbytes
@@ -294,10 +314,10 @@ class ContextPool:
             raise ClosedResourceError("the executor is closed")
 
 
-class _Waiter:
+class _Waiter(Generic[C]):
     __slots__ = ("context", "event", "may_grow")
 
     def __init__(self) -> None:
         self.event = anyio.Event()
-        self.context: RunContext | None = None
+        self.context: C | None = None
         self.may_grow = False

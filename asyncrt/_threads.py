@@ -212,6 +212,30 @@ def run_parts(parts: Sequence[Callable[[], Any]]) -> None:
         future.result()
 
 
+def threads_for(
+    cpu_streams: int, kernel_threads: int | str, concurrent_runs: int
+) -> int | str:
+    """The threads per kernel pool for an executor's configuration (see
+    :func:`lease_for`), or ``"keep"`` for none to set. A process-backed
+    executor's workers each get this number.
+
+    :raises ValueError: for any other ``kernel_threads``.
+    """
+    if kernel_threads == "keep" or (
+        kernel_threads in ("auto", "throughput") and cpu_streams < 1
+    ):
+        return "keep"
+    if kernel_threads in ("auto", "throughput"):
+        runs = max(1, concurrent_runs) if kernel_threads == "throughput" else 1
+        return policy_threads(cpu_streams * runs)
+    if isinstance(kernel_threads, int) and not isinstance(kernel_threads, bool):
+        return kernel_threads
+    raise ValueError(
+        'kernel_threads must be "auto", "throughput", "keep" or an int >= 1, '
+        f"got {kernel_threads!r}"
+    )
+
+
 def lease_for(
     cpu_streams: int, kernel_threads: int | str, concurrent_runs: int = 1
 ) -> ThreadLease | None:
@@ -226,16 +250,5 @@ def lease_for(
     :return: the lease, or ``None``.
     :raises ValueError: for any other ``kernel_threads``.
     """
-    if kernel_threads == "keep":
-        return None
-    if kernel_threads in ("auto", "throughput"):
-        if cpu_streams < 1:
-            return None
-        runs = max(1, concurrent_runs) if kernel_threads == "throughput" else 1
-        return limits.acquire(policy_threads(cpu_streams * runs))
-    if isinstance(kernel_threads, int) and not isinstance(kernel_threads, bool):
-        return limits.acquire(kernel_threads)
-    raise ValueError(
-        'kernel_threads must be "auto", "throughput", "keep" or an int >= 1, '
-        f"got {kernel_threads!r}"
-    )
+    threads = threads_for(cpu_streams, kernel_threads, concurrent_runs)
+    return limits.acquire(threads) if isinstance(threads, int) else None

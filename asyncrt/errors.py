@@ -50,6 +50,7 @@ __all__ = (
     "StreamMismatchError",
     "UnsupportedOpError",
     "UnsupportedOperationError",
+    "WorkerError",
 )
 
 
@@ -182,6 +183,14 @@ class ArgumentError(AsyncrtError, ValueError):
     """Raised when a tool (time evaluator, debug executor, profile report,
     timeline, command line) is given an argument it cannot use; the message
     names the argument and what was wrong with it."""
+
+
+class WorkerError(AsyncrtError, RuntimeError):
+    """Raised when a worker process of a process-backed executor
+    (``create(..., processes=True)``) could not start (its own error
+    chained: a kernel it cannot find, a module in ``worker_imports`` that
+    does not import, ...) or died during a run. The run fails; the executor
+    drops that worker and starts a new one for later runs."""
 
 
 class MissingDependencyError(AsyncrtError, ImportError):

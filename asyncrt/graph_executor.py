@@ -63,7 +63,8 @@ from typing import Any, TypeVar, overload
 import anyio
 import numpy as np
 
-from devices import Device, NDArray, empty, from_dlpack, numpy_dtype
+from devices import Device, NDArray, empty, from_dlpack, get_api, numpy_dtype
+from devices.sim import SimConfig, SimDeviceAPI
 from scheduler.dag import Entry, node_spec
 from scheduler.dispatch import Kernel, Program
 from scheduler.placement import Policy
@@ -75,9 +76,12 @@ from ._context import ContextPool, RunContext, context_nbytes
 from ._fusion import Engine, fuse_graph
 from ._kernels import Module, resolve
 from ._params import decode_params
+from ._process import ProcessContext, ProcessProgram
+from ._process_wire import IoLayout, WorkerSpec
 from ._time_evaluator import BenchmarkResult, Progress
 from ._work import annotate_work
 from .errors import (
+    ArgumentError,
     BusyError,
     ClosedResourceError,
     InputError,
@@ -91,6 +95,8 @@ from .graph import Graph, load_graph, to_dag
 __all__ = ("GraphModule", "create")
 
 DeviceSpec = Device | str | Sequence[Device | str]
+#: A pooled run context: in this process, or in a worker process.
+_AnyContext = RunContext | ProcessContext
 #: What ``run(out=...)`` fills: NDArrays (any device) or writable,
 #: C-contiguous numpy arrays.
 OutArray = TypeVar("OutArray", NDArray, "np.ndarray[Any, Any]")
@@ -108,6 +114,9 @@ def create(
     params: bytes | bytearray | Mapping[str, Any] | None = None,
     fuse: bool | Engine = False,
     kernel_threads: int | str = "auto",
+    processes: bool = False,
+    worker_imports: Sequence[str] = (),
+    worker_nice: int = 0,
 ) -> GraphModule:
     """Create an executor (TVM's ``graph_executor.create``).
 
@@ -140,7 +149,23 @@ def create(
         (``max(1, cores // cpu streams)``: one run's latency first),
         ``"throughput"`` (``max(1, cores // (cpu streams * max_contexts))``:
         for services with concurrent runs), ``"keep"`` (untouched) or a
-        number (:mod:`asyncrt._threads`).
+        number (:mod:`asyncrt._threads`). With ``processes``, each worker's
+        pools get that many threads.
+    :param processes: run each pooled context (``await run(**inputs)``) in
+        a worker process of its own (:mod:`asyncrt._process`): kernels then
+        never hold the event loop's GIL. Kernels come from the global
+        registry (``lib`` must be ``None``); the stateful API still runs in
+        this process.
+    :param worker_imports: modules each worker process imports before it
+        builds its executor: where kernels registered with
+        :func:`~asyncrt.register_func` live.
+    :param worker_nice: niceness added to each worker process (0 to 19).
+        A positive value lets the event loop's process preempt the workers
+        at once when it wakes, which keeps event-loop lag low while the
+        workers saturate the cores; the workers then yield to every other
+        busy process of the machine too.
+    :raises ArgumentError: for ``processes`` with a ``lib``, or a
+        ``worker_nice`` outside 0..19.
     :raises GraphError: if the graph is malformed.
     :raises KernelNotFoundError: if a node's kernel is missing for its device.
     :raises PlanError: if the graph cannot be planned on these devices.
@@ -157,6 +182,9 @@ def create(
         params=params,
         fuse=fuse,
         kernel_threads=kernel_threads,
+        processes=processes,
+        worker_imports=worker_imports,
+        worker_nice=worker_nice,
     )
 
 
@@ -184,7 +212,18 @@ class GraphModule:
         params: bytes | bytearray | Mapping[str, Any] | None = None,
         fuse: bool | Engine = False,
         kernel_threads: int | str = "auto",
+        processes: bool = False,
+        worker_imports: Sequence[str] = (),
+        worker_nice: int = 0,
     ) -> None:
+        if not 0 <= worker_nice <= 19:
+            raise ArgumentError(f"worker_nice must be in 0..19, got {worker_nice}")
+        if processes and lib is not None:
+            raise ArgumentError(
+                "processes=True takes kernels from the global registry only "
+                "(lib must be None): register them in a module named in "
+                "worker_imports"
+            )
         self.graph = graph
         values = (
             decode_params(params) if isinstance(params, (bytes, bytearray)) else params
@@ -218,8 +257,22 @@ class GraphModule:
         self._required_inputs = self._all_inputs
         self._stateful_busy = False
         self._closed = False
-        self._pool = ContextPool(
-            self._new_context,
+        self._workers = (
+            _WorkerOptions(
+                graph,
+                tuple(devices),
+                max_streams,
+                fuse,
+                kernel_threads,
+                tuple(worker_imports),
+                worker_nice,
+            )
+            if processes
+            else None
+        )
+        self._worker_spec: WorkerSpec | None = None
+        self._pool: ContextPool[_AnyContext] = ContextPool(
+            self._new_pooled_context,
             max_contexts,
             budget=memory_budget,
             cost=lambda: self.context_nbytes,
@@ -266,7 +319,7 @@ class GraphModule:
         return context_nbytes(self.plan, self._owned_inputs())
 
     @property
-    def pool(self) -> ContextPool:
+    def pool(self) -> ContextPool[_AnyContext]:
         """The pool of run contexts (to inspect: ``size``, ``idle``,
         ``lent``, ``waiting``, ``nbytes``, ``limit``, ``budget``)."""
         return self._pool
@@ -277,6 +330,22 @@ class GraphModule:
             self._kernels,
             self._owned_inputs(),
             {**self._params, **self._param_copies},
+        )
+        context.generation = self._generation
+        return context
+
+    def _new_pooled_context(self) -> _AnyContext:
+        if self._workers is None:
+            return self._new_context()
+        spec = self._worker_spec
+        if spec is None:  # made again whenever the parameters change
+            spec = self._worker_spec = self._workers.spec(self)
+        names = {self._input_name(Entry(n, 0)): n for n in self._owned_inputs()}
+        context = ProcessContext(
+            spec,
+            {name: Entry(nid, 0) for name, nid in names.items()},
+            self._heads,
+            self.context_nbytes,
         )
         context.generation = self._generation
         return context
@@ -444,6 +513,7 @@ class GraphModule:
 
     def _rebind(self) -> None:
         self._generation += 1
+        self._worker_spec = None
         self._required_inputs = self._all_inputs - self._params.keys()
         self._copy_params()
         self._pool.clear_idle()
@@ -524,7 +594,7 @@ class GraphModule:
         finally:
             self._run_ended()
 
-    async def _run_program(self, program: Program) -> None:
+    async def _run_program(self, program: Program | ProcessProgram) -> None:
         try:
             await program.run()
         except NodeFailedError as exc:
@@ -544,8 +614,8 @@ class GraphModule:
         if self._running == 0 and self._drained is not None:
             self._drained.set()
 
-    def _release(self, context: RunContext) -> None:
-        if context.generation != self._generation:
+    def _release(self, context: _AnyContext) -> None:
+        if context.generation != self._generation or not context.usable:
             self._pool.discard(context)
         else:
             self._pool.release(context)
@@ -593,11 +663,11 @@ class GraphModule:
                 )
         return targets
 
-    def _fill(self, context: RunContext, checked: list[tuple[Entry, Any]]) -> None:
+    def _fill(self, context: _AnyContext, checked: list[tuple[Entry, Any]]) -> None:
         for entry, array in checked:
             context.inputs[entry].copyfrom(array)
 
-    def _outputs(self, context: RunContext, targets: list[Any] | None) -> list[Any]:
+    def _outputs(self, context: _AnyContext, targets: list[Any] | None) -> list[Any]:
         arrays = [context.output(e) for e in self._heads]
         if targets is None:
             return [array.copyto(self.plan.host) for array in arrays]
@@ -804,3 +874,65 @@ class GraphModule:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class _WorkerOptions:
+    """What a process-backed executor's workers are built from."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        devices: tuple[Device, ...],
+        max_streams: int,
+        fuse: bool | Engine,
+        kernel_threads: int | str,
+        imports: tuple[str, ...],
+        nice: int,
+    ) -> None:
+        self.graph = graph
+        self.nice = nice
+        self.devices = devices
+        self.max_streams = max_streams
+        self.fuse = fuse
+        self.kernel_threads = kernel_threads
+        self.imports = imports
+
+    def spec(self, module: GraphModule) -> WorkerSpec:
+        """The spec of a worker of ``module``, with its current parameters."""
+        plan = module.plan
+        inputs = {
+            module._input_name(Entry(nid, 0)): (
+                plan.tensors[Entry(nid, 0)].shape,
+                plan.tensors[Entry(nid, 0)].dtype,
+            )
+            for nid in module._owned_inputs()
+        }
+        outputs = [(plan.tensors[h].shape, plan.tensors[h].dtype) for h in plan.heads]
+        return WorkerSpec(
+            graph=self.graph.to_json(),
+            params={
+                module._input_name(entry): array.numpy()
+                for entry, array in module._params.items()
+            },
+            devices=tuple(str(d) for d in self.devices),
+            placement={nid: str(d) for nid, d in plan.placement.items()},
+            max_streams=self.max_streams,
+            fuse=self.fuse,
+            kernel_threads=_threads.threads_for(
+                _threads.cpu_streams(plan), self.kernel_threads, module.pool.limit
+            ),
+            imports=self.imports,
+            layout=IoLayout.of(inputs, outputs),
+            nice=self.nice,
+            sim_configs=_sim_configs(self.devices),
+        )
+
+
+def _sim_configs(devices: Sequence[Device]) -> tuple[SimConfig, ...] | None:
+    """This process's ``sim`` configurations, if ``devices`` has a sim."""
+    if not any(d.kind == "sim" for d in devices):
+        return None
+    api = get_api("sim")
+    if not isinstance(api, SimDeviceAPI):  # another backend took the name
+        return None
+    return tuple(api.config(Device("sim", i)) for i in range(api.device_count()))

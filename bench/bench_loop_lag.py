@@ -15,6 +15,9 @@ lags pooled. Modes:
   ``max_contexts=N``, in a child of this interpreter (with its own ``idle``
   baseline, ``asyncrt-idle``, measured in that same process);
 * ``asyncrt-cN-uvloop``: the same on uvloop, if it is installed;
+* ``asyncrt-proc-...``: the same with ``processes=True`` (each run context
+  in a worker process, ``worker_nice`` from ``--worker-nice``), so no kernel
+  or dispatcher thread shares the event loop's interpreter;
 * ``...-throughput``: the same with ``kernel_threads="throughput"`` (kernel
   pools sized for N concurrent runs: N streams each running single-threaded
   BLAS on 2 cores, instead of N x cores BLAS threads fighting over them;
@@ -122,6 +125,11 @@ def summarise(mode: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+async def _warm_pool(ex: Any, feed: dict[str, Any], contexts: int) -> None:
+    """Run ``contexts`` requests at once so every worker process exists."""
+    await asyncio.gather(*(ex.run(**feed) for _ in range(contexts)))
+
+
 def _kernel_threads(text: str) -> int | str:
     """``--kernel-threads`` as ``create`` takes it: a policy name or a count."""
     return int(text) if text.isdigit() else text
@@ -140,22 +148,28 @@ def child(a: argparse.Namespace) -> None:
     ref = wl.floor_outputs()[0]
     graph, lib, params = to_asyncrt(wl, workloads)
     results: dict[str, Any] = {}
-    plan = [("asyncrt-idle", 0, False)]
+    prefix = "asyncrt-proc" if a.processes else "asyncrt"
+    plan = [(f"{prefix}-idle", 0, False)]
     for n in [int(c) for c in a.contexts.split(",") if c]:
-        plan.append((f"asyncrt-c{n}", n, False))
+        plan.append((f"{prefix}-c{n}", n, False))
         if a.uvloop:
-            plan.append((f"asyncrt-c{n}-uvloop", n, True))
+            plan.append((f"{prefix}-c{n}-uvloop", n, True))
     for mode, contexts, use_uvloop in plan:
         ex = graph_executor.create(
             graph,
-            lib,
+            lib if len(lib) else None,
             "cpu",
             max_contexts=max(contexts, 1),
             kernel_threads=_kernel_threads(a.kernel_threads),
+            processes=a.processes and contexts > 0,
+            worker_nice=a.worker_nice if a.processes else 0,
         )
         ex.load_params(params)
-        for _ in range(3):  # warm up: every context made, caches hot
+        for _ in range(3):  # warm up: caches hot
             ex.run_sync(**feed)
+        if a.processes and contexts:  # start every worker before measuring
+            runner_warm: Any = asyncio.run
+            runner_warm(_warm_pool(ex, feed, max(contexts, 1)))
         runner: Any = asyncio.run
         if use_uvloop:
             try:
@@ -167,7 +181,7 @@ def child(a: argparse.Namespace) -> None:
             runner = uvloop.run
         rounds = []
         for _ in range(a.rounds):
-            target = None if mode == "asyncrt-idle" else ex
+            target = None if contexts == 0 else ex
             r = runner(scenario(target, feed, a.requests, idle_s=0.5))
             out = r.pop("_out")
             if out is not None:
@@ -212,10 +226,13 @@ def run_ort(a: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def run_asyncrt(a: argparse.Namespace, kernel_threads: str) -> dict[str, Any]:
+def run_asyncrt(
+    a: argparse.Namespace, kernel_threads: str, processes: bool
+) -> dict[str, Any]:
     """The asyncrt modes in a child whose executors take ``kernel_threads``
     (``"auto"``: one run's latency first; ``"throughput"``: pools sized for
-    ``max_contexts`` concurrent runs; or a number)."""
+    ``max_contexts`` concurrent runs; or a number), with run contexts in
+    worker processes if ``processes``."""
     env = dict(os.environ)
     suffix = "" if kernel_threads == "auto" else f"-{kernel_threads}"
     cmd = [
@@ -235,6 +252,8 @@ def run_asyncrt(a: argparse.Namespace, kernel_threads: str) -> dict[str, Any]:
     ]
     if not a.uvloop:
         cmd.append("--no-uvloop")
+    if processes:
+        cmd += ["--processes", "--worker-nice", str(a.worker_nice)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
     for line in p.stdout.splitlines():
         if line.startswith(MARK):
@@ -273,10 +292,11 @@ def verdict(results: dict[str, Any]) -> list[str]:
     idle = results.get("idle", {})
     executor = results.get("executor", {})
     for mode, s in results.items():
-        if not mode.startswith("asyncrt-c") or "error" in s:
+        if not re.match(r"^asyncrt(-proc)?-c\d", mode) or "error" in s:
             continue
-        suffix = re.sub(r"^asyncrt-c\d+(-uvloop)?", "", mode)
-        local_idle = results.get(f"asyncrt-idle{suffix}", {})
+        parts = re.match(r"^(asyncrt(?:-proc)?)-c\d+(?:-uvloop)?(.*)$", mode)
+        prefix, suffix = parts.groups() if parts else ("asyncrt", "")
+        local_idle = results.get(f"{prefix}-idle{suffix}", {})
         for name, base in (("idle (ORT child)", idle), ("asyncrt-idle", local_idle)):
             if "lag_p99_ms" in base:
                 gap = s["lag_p99_ms"] - base["lag_p99_ms"]
@@ -307,6 +327,20 @@ def main() -> None:
         help="the executors' kernel_threads, a comma list ('auto', "
         "'throughput', or numbers); each is one child",
     )
+    ap.add_argument(
+        "--run-in",
+        default="thread,process",
+        help="where run contexts live, a comma list: 'thread' (kernels on "
+        "stream threads of this process) and/or 'process' (processes=True)",
+    )
+    ap.add_argument("--processes", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--worker-nice",
+        type=int,
+        default=19,
+        help="the process modes' worker_nice (default 19: workers yield to "
+        "the event loop's process)",
+    )
     ap.add_argument("--peers-dir", default=str(DEFAULT_PEERS_DIR))
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json")
@@ -320,14 +354,15 @@ def main() -> None:
     t = time.perf_counter()
     results.update(run_ort(a))
     print(f"# ONNX Runtime modes done in {time.perf_counter() - t:.1f} s", flush=True)
-    for kernel_threads in a.kernel_threads.split(","):
-        t = time.perf_counter()
-        results.update(run_asyncrt(a, kernel_threads))
-        print(
-            f"# asyncrt modes (kernel_threads={kernel_threads}) done in "
-            f"{time.perf_counter() - t:.1f} s",
-            flush=True,
-        )
+    for run_in in a.run_in.split(","):
+        for kernel_threads in a.kernel_threads.split(","):
+            t = time.perf_counter()
+            results.update(run_asyncrt(a, kernel_threads, run_in == "process"))
+            print(
+                f"# asyncrt modes ({run_in}, kernel_threads={kernel_threads}) "
+                f"done in {time.perf_counter() - t:.1f} s",
+                flush=True,
+            )
     for line in results.pop("_header", []):
         print(line)
     print(f"# loadavg at end {os.getloadavg()}\n")

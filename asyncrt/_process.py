@@ -1,0 +1,287 @@
+"""Run contexts in worker processes: the event loop keeps its interpreter.
+
+Why: a kernel thread in the event loop's process holds the GIL whenever it
+runs Python (the dispatcher, small numpy calls that do not release it), and
+a loop thread that wants the GIL back then waits up to the interpreter's
+switch interval (5 ms): services see that as event-loop lag. A process-backed
+executor (``create(..., processes=True)``) runs every pooled run context in a
+worker process of its own (:mod:`asyncrt._process_worker`), so the loop's
+process only copies inputs in, sends one message, awaits one reply on a
+socket (no thread, no polling) and copies outputs out.
+
+How: a :class:`ProcessContext` owns one worker, one socket pair and one I/O
+block (an anonymous shared mapping, passed to the worker as a file
+descriptor) with a slot per caller-given input and per output
+(:mod:`asyncrt._process_wire`). It looks like an in-process
+:class:`~asyncrt._context.RunContext` to the executor: ``inputs`` and
+``output()`` are arrays over the block, and ``program.run()`` /
+``program.stop()`` drive the worker. Cancelling a run sends ``CANCEL`` and
+waits (shielded) for the worker's answer: its in-flight kernels drain
+through the worker executor's own cancellation, exactly as in-process. A
+worker that dies fails the run in flight with :class:`WorkerError` and its
+context is dropped; the next run gets a new worker.
+
+Workers build their executor from the global kernel registry: modules that
+register user kernels are named in ``worker_imports`` and imported by every
+worker first. Nothing but the executor's own spec (graph, parameters,
+options) is sent, over a private pipe from its own parent process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+import anyio
+
+from devices import NDArray, from_dlpack
+from devices.errors import ClosedResourceError
+from scheduler.dag import Entry
+
+from ._process_wire import (
+    CANCEL,
+    CANCELLED,
+    EXIT,
+    FAILED,
+    OK,
+    READY,
+    RUN,
+    WorkerSpec,
+    decode_error,
+)
+from .errors import WorkerError
+
+__all__ = ("ProcessContext", "ProcessProgram")
+
+#: Seconds a closing worker gets to exit before it is killed.
+EXIT_TIMEOUT = 10.0
+#: Seconds to wait for the exit code of a worker whose socket closed.
+EXIT_WAIT = 0.5
+
+
+def _anonymous_file(data: bytes = b"", size: int = 0) -> int:
+    """A file descriptor of an unnamed file holding ``data`` or ``size``
+    zero bytes: a memfd where the OS has them, else an unlinked temp file."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("asyncrt-worker", 0)
+    else:  # pragma: no cover - not Linux
+        fd, path = tempfile.mkstemp(prefix="asyncrt-worker-")
+        os.unlink(path)
+    if data:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    else:
+        os.ftruncate(fd, size)
+    return fd
+
+
+def _worker_env() -> dict[str, str]:
+    """The parent's environment, with its import path (so a worker imports
+    the same asyncrt and the same kernel modules)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+class ProcessProgram:
+    """The run and stop verbs of a :class:`ProcessContext` (what an
+    in-process context's :class:`~scheduler.dispatch.Program` offers)."""
+
+    def __init__(self, context: ProcessContext) -> None:
+        self._context = context
+        self._halted = False
+
+    async def run(self) -> None:
+        """Run once in the worker, with the inputs already in the block.
+
+        :raises NodeFailedError: if a kernel failed (the worker's error,
+            rebuilt with its node, op, device, stream and cause).
+        :raises WorkerError: if the worker died or could not start.
+        :raises ClosedResourceError: if :meth:`stop` stopped the run.
+        """
+        context = self._context
+        self._halted = False
+        await context.ready()
+        context.send(RUN)
+        try:
+            kind, data = await context.receive()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                context.send(CANCEL)
+                # The run drains in the worker; if the worker died meanwhile,
+                # the context is dropped anyway.
+                with contextlib.suppress(WorkerError):
+                    await context.receive()
+            raise
+        if kind == OK:
+            return
+        if kind == FAILED:
+            error = decode_error(data, context.describe())
+            raise error from error.__cause__
+        if kind == CANCELLED and self._halted:
+            raise ClosedResourceError("the run was stopped")
+        context.broken = True
+        raise WorkerError(f"{context.describe()} answered {kind!r} to a run")
+
+    def stop(self) -> None:
+        """Stop the run in flight, if any (from the event loop): it drains
+        and raises :class:`ClosedResourceError`."""
+        self._halted = True
+        self._context.send(CANCEL)
+
+    def close(self) -> None:
+        """Close the context (as :meth:`ProcessContext.close`)."""
+        self._context.close()
+
+
+class ProcessContext:
+    """A run context whose runs happen in a worker process; see the module
+    docstring.
+
+    :param spec: what the worker builds.
+    :param inputs: the entry of each caller-given input, by name.
+    :param heads: the graph's outputs, in order.
+    :param nbytes: the device bytes the worker's context costs (for the
+        pool's memory budget).
+    :raises WorkerError: if the worker process cannot be started.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        inputs: Mapping[str, Entry],
+        heads: Sequence[Entry],
+        nbytes: int,
+    ) -> None:
+        self.nbytes = nbytes + spec.layout.nbytes
+        self.generation = 0
+        self.broken = False
+        self.is_set: set[Entry] = set()
+        self._closed = False
+        self._pid: int | None = None
+        block_fd = _anonymous_file(size=spec.layout.nbytes)
+        spec_fd = _anonymous_file(pickle.dumps(spec))
+        ours, theirs = socket.socketpair()
+        try:
+            self._block = mmap.mmap(block_fd, spec.layout.nbytes)
+            fds = (theirs.fileno(), block_fd, spec_fd)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "asyncrt._process_worker", *map(str, fds)],
+                pass_fds=fds,
+                env=_worker_env(),
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            ours.close()
+            raise WorkerError(f"cannot start a worker process: {exc}") from exc
+        finally:
+            theirs.close()
+            os.close(block_fd)
+            os.close(spec_fd)
+        self._conn = Connection(ours.detach())
+        self.program = ProcessProgram(self)
+        slots = {slot.name: slot for slot in spec.layout.inputs}
+        self.inputs: dict[Entry, NDArray] = {
+            entry: from_dlpack(slots[name].view(self._block))
+            for name, entry in inputs.items()
+        }
+        self._outputs = {
+            head: from_dlpack(slot.view(self._block))
+            for head, slot in zip(heads, spec.layout.outputs, strict=True)
+        }
+
+    def __repr__(self) -> str:
+        return f"<ProcessContext {self.describe()}>"
+
+    def describe(self) -> str:
+        """``"worker process <pid>"``, for messages."""
+        return f"worker process {self._proc.pid}"
+
+    @property
+    def usable(self) -> bool:
+        """Whether the context may serve another run (its worker lives)."""
+        return not (self.broken or self._closed)
+
+    def output(self, entry: Entry) -> NDArray:
+        """The array of a head in the block (overwritten by the next run)."""
+        return self._outputs[entry]
+
+    # -- the wire ------------------------------------------------------------
+
+    async def ready(self) -> None:
+        """Wait until the worker has built its executor.
+
+        :raises WorkerError: if it could not (the worker's error chained).
+        """
+        if self._pid is not None:
+            return
+        if self.broken:
+            raise WorkerError(f"{self.describe()} is gone")
+        try:
+            kind, data = await self.receive()
+        except anyio.get_cancelled_exc_class():
+            self.broken = True  # its READY would answer our next RUN
+            raise
+        if kind == READY:
+            self._pid = int(data)
+            return
+        self.broken = True
+        cause = decode_error(data, self.describe())
+        raise WorkerError(f"{self.describe()} could not start: {cause}") from cause
+
+    def send(self, message: str) -> None:
+        """Send a message; a worker that has gone is noticed on receive."""
+        try:
+            self._conn.send(message)
+        except OSError:
+            self.broken = True
+
+    async def receive(self) -> tuple[str, Any]:
+        """The worker's next message, awaited without blocking the loop.
+
+        :raises WorkerError: if the worker exited.
+        """
+        try:
+            await anyio.wait_readable(self._conn.fileno())
+            message: tuple[str, Any] = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            self.broken = True
+            try:  # its socket closed: the process is exiting, if not gone
+                code: int | None = self._proc.wait(EXIT_WAIT)
+            except subprocess.TimeoutExpired:
+                code = None
+            state = "is gone" if code is None else f"exited with code {code}"
+            raise WorkerError(f"{self.describe()} {state}") from exc
+        return message
+
+    # -- lifetime ------------------------------------------------------------
+
+    def close(self) -> None:
+        """Ask the worker to exit (kill it if it does not within
+        :data:`EXIT_TIMEOUT` seconds) and release the block. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.send(EXIT)
+        self._conn.close()
+        try:
+            self._proc.wait(EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self.inputs.clear()
+        self._outputs.clear()
+        # A view still held somewhere keeps the mapping; it goes with the view.
+        with contextlib.suppress(BufferError):
+            self._block.close()

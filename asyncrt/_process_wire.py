@@ -1,0 +1,246 @@
+"""What travels between an executor and its worker processes.
+
+A process-backed executor (``create(..., processes=True)``) runs each pooled
+run context in a worker process of its own (:mod:`asyncrt._process`,
+:mod:`asyncrt._process_worker`). The two sides share:
+
+* a :class:`WorkerSpec`, sent once when the worker starts: everything it
+  needs to build the same executor (graph, parameters, devices, the
+  parent's placement, options) and the layout of the shared *I/O block*;
+* the I/O block: one shared memory mapping per context, holding a slot for
+  every graph input the caller gives and every output (:class:`IoLayout`);
+  inputs and outputs cross as plain memory copies, never through the pipe;
+* small messages over a socket pair (``multiprocessing``'s framing): the
+  parent sends :data:`RUN`, :data:`CANCEL` or :data:`EXIT`; the worker
+  answers each run exactly once with :data:`OK`, :data:`FAILED` or
+  :data:`CANCELLED`, and says :data:`READY` (or :data:`FAILED`) once built.
+
+Errors cross as data, not as pickled exception objects (asyncrt's errors
+have keyword fields that pickle cannot rebuild): :func:`encode_error` turns
+an exception into a dict and :func:`decode_error` builds an equivalent one,
+keeping the node, op, device and stream of a :class:`NodeFailedError`, the
+fields of an :class:`OutOfMemoryError` and, for anything else, the type
+name, message and traceback as text (:class:`~asyncrt.errors.RemoteError`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from devices import Device
+from devices.errors import OutOfMemoryError, RemoteError
+from devices.sim import SimConfig
+from scheduler.cost import CostModel
+from scheduler.errors import NodeFailedError
+from scheduler.placement import Placement, evaluate
+
+__all__ = (
+    "CANCEL",
+    "CANCELLED",
+    "EXIT",
+    "FAILED",
+    "OK",
+    "READY",
+    "RUN",
+    "Given",
+    "IoLayout",
+    "Slot",
+    "WorkerSpec",
+    "decode_error",
+    "encode_error",
+)
+
+# parent -> worker
+RUN = "run"
+CANCEL = "cancel"
+EXIT = "exit"
+# worker -> parent
+READY = "ready"
+OK = "ok"
+FAILED = "failed"
+CANCELLED = "cancelled"
+
+#: Slots start on cache-line boundaries.
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One tensor in the I/O block.
+
+    :ivar name: the graph input's name, or ``"output:<i>"``.
+    :ivar offset: byte offset in the block.
+    :ivar shape: the tensor's shape.
+    :ivar dtype: its dtype string.
+    """
+
+    name: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        """The slot's size in bytes."""
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * np.dtype(self.dtype).itemsize
+
+    def view(self, block: Any) -> np.ndarray[Any, Any]:
+        """The slot as a numpy array over ``block`` (no copy)."""
+        raw = np.frombuffer(
+            block, dtype=np.uint8, count=self.nbytes, offset=self.offset
+        )
+        return raw.view(self.dtype).reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class IoLayout:
+    """Where each input and output lives in a context's I/O block.
+
+    :ivar inputs: the slots of the inputs a caller gives, by graph order.
+    :ivar outputs: the slots of the outputs, by output index.
+    :ivar nbytes: the block's size (at least 1: an empty mapping is invalid).
+    """
+
+    inputs: tuple[Slot, ...]
+    outputs: tuple[Slot, ...]
+    nbytes: int
+
+    @classmethod
+    def of(
+        cls,
+        inputs: Mapping[str, tuple[tuple[int, ...], str]],
+        outputs: list[tuple[tuple[int, ...], str]],
+    ) -> IoLayout:
+        """Lay out ``inputs`` (name -> (shape, dtype)) and ``outputs``."""
+        offset = 0
+        slots: list[Slot] = []
+        named = [*inputs.items(), *((f"output:{i}", o) for i, o in enumerate(outputs))]
+        for name, (shape, dtype) in named:
+            slot = Slot(name, offset, tuple(shape), dtype)
+            slots.append(slot)
+            offset += -(-slot.nbytes // ALIGN) * ALIGN
+        count = len(inputs)
+        return cls(tuple(slots[:count]), tuple(slots[count:]), max(1, offset))
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs to build its executor.
+
+    :ivar graph: the graph as JSON (fused and planned again in the worker).
+    :ivar params: the parameters by name, as host arrays.
+    :ivar devices: the devices, host-facing first, as strings.
+    :ivar placement: the parent plan's device of every node (as strings),
+        so the worker's plan places every node where the parent's does.
+    :ivar max_streams: compute streams per device.
+    :ivar fuse: the fusion setting.
+    :ivar kernel_threads: the worker's kernel pool threads (a number, or
+        ``"keep"``).
+    :ivar imports: modules the worker imports first (where user kernels
+        register themselves).
+    :ivar layout: the I/O block's layout.
+    :ivar nice: added to the worker's scheduling niceness (0: unchanged).
+    :ivar sim_configs: the parent's ``sim`` device configurations, if the
+        devices include one (a worker's sims model the same hardware).
+    """
+
+    graph: str
+    params: Mapping[str, np.ndarray[Any, Any]]
+    devices: tuple[str, ...]
+    placement: Mapping[int, str]
+    max_streams: int
+    fuse: bool | str
+    kernel_threads: int | str
+    imports: tuple[str, ...]
+    layout: IoLayout
+    nice: int = 0
+    sim_configs: tuple[SimConfig, ...] | None = None
+
+
+def encode_error(exc: BaseException) -> dict[str, Any]:
+    """An exception as plain data (see the module docstring)."""
+    data: dict[str, Any] = _plain(exc)
+    if isinstance(exc, NodeFailedError):
+        data = {
+            "kind": "node",
+            "node": exc.node,
+            "op": exc.op,
+            "device": exc.device,
+            "stream": exc.stream,
+            "cause": None if exc.__cause__ is None else _plain(exc.__cause__),
+        }
+    return data
+
+
+def _plain(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, OutOfMemoryError):
+        return {
+            "kind": "oom",
+            "device": exc.device,
+            "requested": exc.requested,
+            "available": exc.available,
+        }
+    try:  # exceptions whose args rebuild them travel as themselves
+        blob = pickle.dumps(exc)
+        pickle.loads(blob)
+    except Exception:
+        blob = None
+    return {
+        "kind": "other",
+        "pickled": blob,
+        "type": type(exc).__qualname__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+
+
+def decode_error(data: Mapping[str, Any], worker: str) -> BaseException:
+    """The exception :func:`encode_error` described, raised in ``worker``
+    (a description such as ``"worker pid 123"``)."""
+    if data["kind"] == "node":
+        error = NodeFailedError(
+            data["node"], data["op"], data["device"], data["stream"]
+        )
+        if data["cause"] is not None:
+            error.__cause__ = decode_error(data["cause"], worker)
+        return error
+    if data["kind"] == "oom":
+        return OutOfMemoryError(data["device"], data["requested"], data["available"])
+    if data["pickled"] is not None:
+        rebuilt = pickle.loads(data["pickled"])
+        if isinstance(rebuilt, BaseException):
+            return rebuilt
+    return RemoteError(
+        f"{data['type']}: {data['message']}",
+        device="process",
+        worker=worker,
+        type_name=data["type"],
+        remote_traceback=data["traceback"],
+    )
+
+
+class Given:
+    """A placement policy that keeps the parent plan's placement: a worker
+    plans its graph again, and every node must land where the parent's plan
+    put it (the parent's printed plan is the one that runs).
+
+    :param device_of: the device of every node.
+    """
+
+    def __init__(self, device_of: Mapping[int, Device]) -> None:
+        self.device_of = dict(device_of)
+
+    def __call__(
+        self, dag: nx.DiGraph, devices: Sequence[Device], cost: CostModel
+    ) -> Placement:
+        return evaluate(dag, devices, cost, self.device_of, "given")

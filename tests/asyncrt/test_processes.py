@@ -1,0 +1,260 @@
+"""Process-backed executors (``create(..., processes=True)``): each pooled run
+context lives in a worker process. Concurrent runs get their own correct
+outputs; kernel failures, out-of-memory errors, cancellation, a killed
+worker, a worker that cannot start and closing with runs in flight all end
+in a clear error or a correct result, with no worker process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import asyncrt
+from asyncrt import graph_executor
+from asyncrt._process import ProcessContext
+from asyncrt.errors import (
+    ArgumentError,
+    ClosedResourceError,
+    NodeFailedError,
+    NodeOutOfMemoryError,
+    WorkerError,
+)
+from asyncrt.graph import Graph, GraphBuilder
+
+from ..process_kernels import NAP_SECONDS, TRIGGER
+
+N = 8
+KERNELS = ("tests.process_kernels",)
+TRIGGERED = np.full(N, TRIGGER + 1, dtype=np.float32)
+
+
+def graph(kernel: str) -> Graph:
+    """x -> kernel (a ReLU unless triggered) -> y; tanh(y) * c -> z."""
+    b = GraphBuilder()
+    x = b.input("x", shape=(N,), dtype="float32")
+    c = b.param("c", shape=(N,), dtype="float32")
+    y = b.op(kernel, x, shape=(N,), dtype="float32", name="k0")
+    t = b.op("tanh", y, shape=(N,), dtype="float32", name="tanh0")
+    z = b.op("multiply", t, c, shape=(N,), dtype="float32", name="mul0")
+    b.output(y, z)
+    return b.build()
+
+
+C = np.linspace(0.5, 2.0, N, dtype=np.float32)
+
+
+def reference(x: np.ndarray) -> list[np.ndarray]:
+    y = np.maximum(x, 0)
+    return [y, np.tanh(y) * C]
+
+
+def make(kernel: str = "relu", **kwargs: Any) -> graph_executor.GraphModule:
+    options: dict[str, Any] = {
+        "max_contexts": 2,
+        "processes": True,
+        "worker_imports": KERNELS,
+    }
+    options.update(kwargs)
+    return graph_executor.create(
+        graph(kernel), None, options.pop("devices", "cpu"), params={"c": C}, **options
+    )
+
+
+def check(outs: list[Any] | None, x: np.ndarray) -> None:
+    assert outs is not None
+    for got, want in zip(outs, reference(x), strict=True):
+        np.testing.assert_allclose(
+            got if isinstance(got, np.ndarray) else got.numpy(), want, rtol=1e-6
+        )
+
+
+def worker_pids() -> set[int]:
+    """This process's children running the worker module (Linux /proc)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == os.getpid() and b"asyncrt._process_worker" in cmdline:
+            pids.add(int(entry.name))
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_workers() -> Iterator[None]:
+    """Fail a test that leaves a worker process running."""
+    if not Path("/proc/self/stat").exists():  # pragma: no cover - not Linux
+        pytest.skip("needs /proc to find worker processes")
+    before = worker_pids()
+    yield
+    assert worker_pids() - before == set()
+
+
+def lent_context(ex: graph_executor.GraphModule) -> ProcessContext:
+    (context,) = ex.pool.lent
+    assert isinstance(context, ProcessContext)
+    return context
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("device", ["cpu", "sim:0"])
+async def test_concurrent_runs_get_their_own_outputs(device: str) -> None:
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(N).astype(np.float32) for _ in range(40)]
+    results: list[Any] = [None] * len(xs)
+    async with make(devices=device) as ex:
+
+        async def one(i: int) -> None:
+            if i % 4 == 0:  # some callers bring their own arrays
+                out = [np.empty(N, np.float32), np.empty(N, np.float32)]
+                results[i] = await ex.run(x=xs[i], out=out)
+            else:
+                results[i] = await ex.run(x=xs[i])
+
+        async with anyio.create_task_group() as group:
+            for i in range(len(xs)):
+                group.start_soon(one, i)
+        for x, outs in zip(xs, results, strict=True):
+            check(outs, x)
+        assert 1 <= ex.pool.size <= 2
+        assert len(worker_pids()) == ex.pool.size
+        assert results[1][0].device == asyncrt.device(device)  # the host side
+
+
+@pytest.mark.anyio
+async def test_kernel_failure_names_the_node_and_keeps_the_worker() -> None:
+    async with make("test_boom_relu", max_contexts=1) as ex:
+        with pytest.raises(NodeFailedError) as info:
+            await ex.run(x=TRIGGERED)
+        error = info.value
+        assert (error.node, error.op, error.device) == ("k0", "test_boom_relu", "cpu:0")
+        assert isinstance(error.__cause__, ValueError)
+        assert "boom on purpose" in str(error.__cause__)
+        pids = worker_pids()
+        x = np.linspace(-1, 1, N, dtype=np.float32)
+        check(await ex.run(x=x), x)
+        assert worker_pids() == pids  # the same worker served the next run
+
+
+@pytest.mark.anyio
+async def test_out_of_memory_in_a_worker_is_a_node_oom_error() -> None:
+    async with make("test_oom_relu", max_contexts=1) as ex:
+        with pytest.raises(NodeOutOfMemoryError) as info:
+            await ex.run(x=TRIGGERED)
+        assert info.value.node == "k0"
+        assert info.value.requested == 1 << 40 and info.value.device == "cpu:0"
+        x = np.ones(N, dtype=np.float32)
+        check(await ex.run(x=x), x)
+
+
+@pytest.mark.anyio
+async def test_cancelled_runs_drain_and_the_next_run_is_correct() -> None:
+    rng = np.random.default_rng(5)
+    async with make("test_nap_relu", max_contexts=1) as ex:
+        x = np.zeros(N, dtype=np.float32)
+        check(await ex.run(x=x), x)  # the worker is up
+        pids = worker_pids()
+        for _ in range(3):
+            with anyio.move_on_after(float(rng.uniform(0.0, 0.05))) as scope:
+                await ex.run(x=TRIGGERED)
+            assert scope.cancelled_caught
+            assert not ex.pool.lent and ex.pool.idle == 1
+            x = rng.standard_normal(N).astype(np.float32)
+            check(await ex.run(x=x), x)
+        assert worker_pids() == pids  # cancelling never cost a worker
+
+
+@pytest.mark.anyio
+async def test_a_killed_worker_fails_its_run_and_is_replaced() -> None:
+    async with make("test_nap_relu", max_contexts=1) as ex:
+        x = np.zeros(N, dtype=np.float32)
+        check(await ex.run(x=x), x)
+        (old,) = worker_pids()
+
+        async def kill_when_lent() -> None:
+            while not ex.pool.lent:
+                await anyio.sleep(0)
+            os.kill(old, signal.SIGKILL)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(kill_when_lent)
+            with pytest.raises(WorkerError, match="exited with code -9"):
+                await ex.run(x=TRIGGERED)
+        assert ex.pool.size == 0  # the dead worker's context was dropped
+        check(await ex.run(x=x), x)
+        assert worker_pids() - {old}
+
+
+@pytest.mark.anyio
+async def test_a_worker_that_cannot_start_says_why() -> None:
+    async with make(worker_imports=("asyncrt_no_such_module",)) as ex:
+        for _ in range(2):  # every attempt fails the same clear way
+            with pytest.raises(WorkerError, match="could not start") as info:
+                await ex.run(x=np.zeros(N, dtype=np.float32))
+            assert "asyncrt_no_such_module" in str(info.value.__cause__)
+            assert ex.pool.size == 0
+
+
+@pytest.mark.anyio
+async def test_a_worker_without_the_kernel_module_names_the_kernel() -> None:
+    async with make("test_nap_relu", worker_imports=()) as ex:
+        with pytest.raises(WorkerError) as info:
+            await ex.run(x=np.zeros(N, dtype=np.float32))
+        assert "test_nap_relu" in str(info.value.__cause__)
+
+
+@pytest.mark.anyio
+async def test_close_with_runs_in_flight_stops_them() -> None:
+    ex = make("test_nap_relu", max_contexts=2)
+    x = np.zeros(N, dtype=np.float32)
+    check(await ex.run(x=x), x)
+    errors: list[BaseException] = []
+
+    async def doomed() -> None:
+        try:
+            await ex.run(x=TRIGGERED)
+        except ClosedResourceError as exc:
+            errors.append(exc)
+
+    with anyio.fail_after(NAP_SECONDS * 10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(doomed)
+            group.start_soon(doomed)
+            while len(ex.pool.lent) < 2:
+                await anyio.sleep(0)
+            await ex.aclose()
+    assert len(errors) == 2
+    with pytest.raises(ClosedResourceError):
+        await ex.run(x=x)
+
+
+def test_arguments_are_checked() -> None:
+    with pytest.raises(ArgumentError, match="lib must be None"):
+        graph_executor.create(graph("relu"), asyncrt.Module(), processes=True)
+    with pytest.raises(ArgumentError, match="worker_nice"):
+        graph_executor.create(graph("relu"), None, processes=True, worker_nice=20)
+
+
+@pytest.mark.anyio
+async def test_parameters_loaded_later_reach_new_workers() -> None:
+    async with make(max_contexts=1) as ex:
+        x = np.linspace(-1, 1, N, dtype=np.float32)
+        check(await ex.run(x=x), x)
+        ex.load_params({"c": C * 2})
+        outs = await ex.run(x=x)
+        assert outs is not None
+        np.testing.assert_allclose(
+            outs[1].numpy(), np.tanh(np.maximum(x, 0)) * C * 2, rtol=1e-6
+        )

@@ -1,0 +1,46 @@
+"""Kernels for the process-backed executor's tests.
+
+They live in a module of their own, not in a test file, because worker
+processes import them by name (``worker_imports``), as they would any
+installed kernel module. Each behaves like ReLU unless its input's first
+element is above :data:`TRIGGER`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+import asyncrt
+from devices.errors import OutOfMemoryError
+
+#: An input whose first element exceeds this makes the kernels misbehave.
+TRIGGER = 10.0
+#: How long :func:`nap_relu` sleeps when triggered.
+NAP_SECONDS = 0.5
+
+
+@asyncrt.register_func("test_nap_relu", kinds=("cpu", "sim"))
+def nap_relu(x: Any, out: Any) -> None:
+    """ReLU; sleeps :data:`NAP_SECONDS` first when triggered."""
+    if x[0] > TRIGGER:
+        time.sleep(NAP_SECONDS)
+    np.maximum(x, 0, out=out)
+
+
+@asyncrt.register_func("test_boom_relu", kinds=("cpu", "sim"))
+def boom_relu(x: Any, out: Any) -> None:
+    """ReLU; raises ``ValueError`` when triggered."""
+    if x[0] > TRIGGER:
+        raise ValueError(f"boom on purpose at {float(x[0])}")
+    np.maximum(x, 0, out=out)
+
+
+@asyncrt.register_func("test_oom_relu", kinds=("cpu", "sim"))
+def oom_relu(x: Any, out: Any) -> None:
+    """ReLU; raises the device's out-of-memory error when triggered."""
+    if x[0] > TRIGGER:
+        raise OutOfMemoryError("cpu:0", 1 << 40, 1 << 20)
+    np.maximum(x, 0, out=out)
