@@ -143,20 +143,28 @@ def _blas_threads() -> int:
 
 @cache
 def _flops_at(threads: int) -> float:
-    """Float32 matmul throughput, measured once per pool size (~5-20 ms).
+    """Float32 matmul throughput, measured once per pool size (~15-50 ms).
 
-    The best of three timings of four 256x256 products: a single timing
-    is at the mercy of whatever else this host runs at that moment.
+    Inference multiplies a batch of rows by weights that are not in cache:
+    a batch of 64 rows through two different 1024x1024 weights and one of
+    128 rows through two 512x512 ones (a hot square 256x256 product
+    overstates that by a quarter to a half here). The best of three rounds:
+    one timing is at the mercy of whatever else this host runs then.
     """
-    a = np.ones((256, 256), dtype=np.float32)
-    a @ a
+    rng = np.random.default_rng(0)
+    shapes = ((64, 1024), (64, 1024), (128, 512), (128, 512))
+    pairs = [
+        (np.ones((m, k), dtype=np.float32), rng.random((k, k), dtype=np.float32))
+        for m, k in shapes
+    ]
+    work = sum(2 * x.shape[0] * w.shape[0] * w.shape[1] for x, w in pairs)
     best = math.inf
     for _ in range(3):
         start = time.perf_counter()
-        for _ in range(4):
-            a @ a
+        for x, w in pairs:
+            x @ w
         best = min(best, time.perf_counter() - start)
-    return 4 * 2 * 256**3 / max(best, 1e-9)
+    return work / max(best, 1e-9)
 
 
 @cache
