@@ -164,7 +164,7 @@ def _flops_at(threads: int) -> float:
         for x, w in pairs:
             x @ w
         best = min(best, time.perf_counter() - start)
-    return work / max(best, 1e-9)
+    return float(work) / max(best, 1e-9)
 
 
 @cache
