@@ -14,7 +14,23 @@ TPDS 2002, section 5.1), with its parameters drawn per instance from its grid:
 
 Each instance is planned by the single fastest device, HEFT, PEFT and the
 ``auto`` policy (guarded best of both), and, if the ``anrg-saga`` package is
-installed, by saga's HEFT on the same instance (saga 2.x ships no PEFT).
+installed, by saga's HEFT on the same instance, and by saga's PEFT where
+``--saga-peft`` names its ``saga/schedulers/peft.py``.
+
+saga as a reference: ``anrg-saga`` 2.1 (the first with PEFT) needs Python
+3.12; on 3.11 the newest is 2.0.2, whose core API (``Network``,
+``TaskGraph``, ``Schedule``) 2.1's ``peft.py`` runs on unchanged. Its
+declared dependencies (pygraphviz, which compiles against graphviz headers;
+z3-solver; wfcommons; gitpython; pytest and mypy at run time) are too heavy
+for our ``dev`` extra, and HEFT and PEFT need none of them but pydantic and
+pysmt (imported by ``saga.schedulers``)::
+
+    pip install --no-deps anrg-saga==2.0.2 pysmt && pip install pydantic
+    pip download --no-deps --python-version 3.12 --only-binary=:all: \
+        anrg-saga==2.1.0 -d /tmp/saga21 && unzip -o /tmp/saga21/*.whl \
+        saga/schedulers/peft.py -d /tmp/saga21
+    .venv/bin/python bench/bench_placement.py \
+        --saga-peft /tmp/saga21/saga/schedulers/peft.py
 SLR = makespan / (sum over the critical path of each task's minimum
 compute time); lower is better, 1 is the bound.
 
@@ -25,6 +41,7 @@ compute time); lower is better, 1 is the bound.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import random
@@ -161,10 +178,42 @@ def saga_heft() -> Callable[[Instance], float] | None:
     return run
 
 
+def saga_peft(path: str) -> Callable[[Instance], float]:
+    """saga 2.1's PEFT, loaded from its ``peft.py`` on the installed saga."""
+    import importlib.util
+
+    from saga import Network, TaskGraph  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+    spec = importlib.util.spec_from_file_location("saga_peft", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    scheduler = module.PEFTScheduler()
+
+    def run(inst: Instance) -> float:
+        names = [str(d) for d in DEVICES]
+        network = Network.create(
+            [(nm, s) for nm, s in zip(names, inst.speeds, strict=True)],
+            [(a, b, 1.0) for a in names for b in names if a < b],
+        )
+        graph = TaskGraph.create(
+            [(f"t{i}", w) for i, w in enumerate(inst.work)],
+            [(f"t{u}", f"t{t}", float(b)) for (u, t), b in inst.edges.items()],
+        )
+        return float(scheduler.schedule(network, graph).makespan)
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=300, help="instances (300)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--saga-peft", help="saga 2.1's saga/schedulers/peft.py (see above)"
+    )
+    parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
 
     rng = random.Random(args.seed)
@@ -186,6 +235,8 @@ def main() -> None:
         policies["saga heft"] = saga_run
     else:
         print("(anrg-saga not installed: saga rows skipped)", file=sys.stderr)
+    if args.saga_peft:
+        policies["saga peft"] = saga_peft(args.saga_peft)
 
     slr: dict[str, list[float]] = {name: [] for name in policies}
     spent = dict.fromkeys(policies, 0.0)
@@ -213,6 +264,7 @@ def main() -> None:
     )
     print(header)
     print(f"{'':<16} {'':>9} {'':>7} {'single':>11} {'our heft':>12} {'our heft':>11}")
+    summary: dict[str, dict[str, float]] = {}
     for name in policies:
         ms = makespans[name]
         worse_single = sum(m > s * (1 + eps) for m, s in zip(ms, single, strict=True))
@@ -223,12 +275,24 @@ def main() -> None:
             f"{statistics.median(slr[name]):>7.3f} {worse_single:>11} "
             f"{better:>12} {worse:>11} {1000 * spent[name] / args.n:>9.2f}"
         )
+        summary[name] = dict(
+            mean_slr=statistics.fmean(slr[name]),
+            median_slr=statistics.median(slr[name]),
+            worse_than_single=worse_single,
+            better_than_our_heft=better,
+            worse_than_our_heft=worse,
+            ms_per_graph=1000 * spent[name] / args.n,
+        )
     if saga_run is not None:
         same = sum(
             math.isclose(a, b, rel_tol=1e-9)
             for a, b in zip(makespans["saga heft"], base, strict=True)
         )
         print(f"saga heft == our heft on {same}/{args.n} instances")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(dict(n=args.n, seed=args.seed, policies=summary), indent=2)
+        )
 
 
 if __name__ == "__main__":

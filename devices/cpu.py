@@ -1,15 +1,31 @@
-"""The ``cpu`` backend: numpy memory; each stream is a worker thread."""
+"""The ``cpu`` backend: numpy memory; each stream is a worker thread.
+
+Its speed, for the scheduler's cost model, is measured on this host once
+per setting and reported as attributes:
+
+* ``flops``: float32 matmul throughput with the BLAS pool at its *current*
+  size (an executor created with ``kernel_threads=1`` plans with the speed
+  of one core when the pool is already at one thread, and with both cores'
+  when it is at two), measured once per pool size;
+* ``memory_bandwidth``: bytes per second elementwise numpy calls read and
+  write (inputs plus outputs): elementwise kernels are bound by it, not by
+  their one operation per element;
+* ``launch_overhead``: the fixed cost of one small numpy call with ``out=``,
+  what every kernel pays before its work.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
 import numpy as np
+import threadpoolctl
 
 from ._api import Buffer, DeviceAPI
 from ._device import Device, DLDeviceType
@@ -48,6 +64,8 @@ class CPUDeviceAPI(DeviceAPI):
             "available_global_memory": _meminfo("MemAvailable"),
             "api_version": f"numpy {np.__version__}",
             "flops": _measured_flops(),
+            "memory_bandwidth": _measured_bandwidth(),
+            "launch_overhead": _measured_overhead(),
             "host_bandwidth": float("inf"),
             "host_latency": 0.0,
         }
@@ -110,16 +128,80 @@ def _meminfo(field: str) -> int | None:
     return None
 
 
-@cache
 def _measured_flops() -> float:
-    """Float32 matmul throughput of this host, measured once (~5 ms)."""
-    a = np.ones((256, 256), dtype=np.float32)
-    a @ a
-    start = time.perf_counter()
-    for _ in range(4):
-        a @ a
-    elapsed = max(time.perf_counter() - start, 1e-9)
-    return 4 * 2 * 256**3 / elapsed
+    """Float32 matmul throughput at the BLAS pool's current size."""
+    return _flops_at(_blas_threads())
+
+
+def _blas_threads() -> int:
+    """Threads of the BLAS pool numpy uses now (0 if none is found)."""
+    info = threadpoolctl.threadpool_info()
+    return max(
+        (int(p["num_threads"]) for p in info if p["user_api"] == "blas"), default=0
+    )
+
+
+@cache
+def _flops_at(threads: int) -> float:
+    """Float32 matmul throughput, measured once per pool size (~15-50 ms).
+
+    Inference multiplies a batch of rows by weights that are not in cache:
+    a batch of 64 rows through two different 1024x1024 weights and one of
+    128 rows through two 512x512 ones (a hot square 256x256 product
+    overstates that by a quarter to a half here). The best of three rounds:
+    one timing is at the mercy of whatever else this host runs then.
+    """
+    rng = np.random.default_rng(0)
+    shapes = ((64, 1024), (64, 1024), (128, 512), (128, 512))
+    pairs = [
+        (np.ones((m, k), dtype=np.float32), rng.random((k, k), dtype=np.float32))
+        for m, k in shapes
+    ]
+    work = sum(2 * x.shape[0] * w.shape[0] * w.shape[1] for x, w in pairs)
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        for x, w in pairs:
+            x @ w
+        best = min(best, time.perf_counter() - start)
+    return float(work) / max(best, 1e-9)
+
+
+@cache
+def _measured_bandwidth() -> float:
+    """Bytes per second that elementwise numpy calls read and write, on
+    4 MiB float32 arrays: ``add``, ``maximum`` with a scalar and ``tanh``
+    (from about 70 GB/s for ``add`` to 15 for ``maximum`` here), their
+    total bytes over their total time, best of five rounds (~10 ms)."""
+    a = np.ones(1 << 20, dtype=np.float32)
+    b = np.ones_like(a)
+    c = np.empty_like(a)
+    calls: tuple[tuple[Callable[[], object], int], ...] = (
+        (lambda: np.add(a, b, out=c), 3),
+        (lambda: np.maximum(a, 0, out=c), 2),
+        (lambda: np.tanh(a, out=c), 2),
+    )
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        for call, _ in calls:
+            call()
+        best = min(best, time.perf_counter() - start)
+    return sum(arrays for _, arrays in calls) * a.nbytes / max(best, 1e-9)
+
+
+@cache
+def _measured_overhead() -> float:
+    """Seconds of one numpy call with ``out=`` on a tiny array (~1 ms)."""
+    a = np.ones(16, dtype=np.float32)
+    c = np.empty_like(a)
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(100):
+            np.add(a, a, out=c)
+        best = min(best, time.perf_counter() - start)
+    return best / 100
 
 
 register("cpu", CPUDeviceAPI)

@@ -11,7 +11,11 @@ machine without a GPU. Each ``sim:N`` has
 * a timing model that really takes time: every call on a stream lasts at
   least ``launch_overhead + work / flops`` seconds, where ``work`` is the
   floating-point operations it says it does (0 if it does not say), and a
-  copy lasts at least ``latency + nbytes / bandwidth``. Work
+  copy lasts at least ``latency + nbytes / bandwidth``. A device given a
+  finite ``memory_bandwidth`` is a roofline instead: a call lasts
+  ``launch_overhead + max(work / flops, nbytes / memory_bandwidth)``,
+  ``nbytes`` being the distinct arrays it is passed (its inputs and
+  outputs), so elementwise kernels are bound by the bytes they move. Work
   runs on the host, then the stream sleeps away the rest of the modelled
   time, so a simulated device that is "busy" costs no host CPU and several
   of them overlap like separate chips. A device has one compute engine:
@@ -26,6 +30,7 @@ Configure the devices before use with :func:`configure`.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +58,8 @@ class SimConfig:
     :ivar latency: fixed cost of each copy, seconds.
     :ivar launch_overhead: fixed cost of each call, seconds.
     :ivar memory: capacity in bytes.
+    :ivar memory_bandwidth: bytes per second a call's arrays move at
+        (``math.inf``, the default: calls are timed by their work alone).
     """
 
     flops: float = 50e9
@@ -60,9 +67,10 @@ class SimConfig:
     latency: float = 20e-6
     launch_overhead: float = 0.0
     memory: int = 4 << 30
+    memory_bandwidth: float = math.inf
 
     def __post_init__(self) -> None:
-        for name in ("flops", "bandwidth"):
+        for name in ("flops", "bandwidth", "memory_bandwidth"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SimConfig.{name} must be > 0")
         for name in ("latency", "launch_overhead"):
@@ -71,9 +79,12 @@ class SimConfig:
         if self.memory < 0:
             raise ValueError("SimConfig.memory must be >= 0")
 
-    def compute_seconds(self, work: float) -> float:
-        """Modelled duration of a call doing ``work`` FLOPs."""
-        return self.launch_overhead + work / self.flops
+    def compute_seconds(self, work: float, nbytes: int = 0) -> float:
+        """Modelled duration of a call doing ``work`` FLOPs over ``nbytes``
+        of arrays."""
+        return self.launch_overhead + max(
+            work / self.flops, nbytes / self.memory_bandwidth
+        )
 
     def copy_seconds(self, nbytes: int) -> float:
         """Modelled duration of a copy of ``nbytes`` over this device's link."""
@@ -111,7 +122,11 @@ class SimStream(Stream):
     def _execute(
         self, fn: Callable[..., Any], args: tuple[Any, ...], work: float
     ) -> None:
-        seconds = self._config.compute_seconds(work)
+        config = self._config
+        if math.isinf(config.memory_bandwidth):
+            seconds = config.compute_seconds(work)
+        else:
+            seconds = config.compute_seconds(work, _arrays_nbytes(args))
         if seconds <= 0:  # untimed (copies time themselves): no engine turn
             fn(*args)
             return
@@ -119,6 +134,16 @@ class SimStream(Stream):
             start = time.perf_counter()
             fn(*args)
             _sleep_until(start + seconds)
+
+
+def _arrays_nbytes(args: tuple[Any, ...]) -> int:
+    """Bytes of the distinct arrays among ``args`` (one buffer passed twice
+    counts once)."""
+    seen: dict[tuple[int, int], int] = {}
+    for arg in args:
+        if isinstance(arg, np.ndarray):
+            seen[arg.__array_interface__["data"][0], arg.nbytes] = arg.nbytes
+    return sum(seen.values())
 
 
 class SimDeviceAPI(DeviceAPI):
@@ -173,6 +198,7 @@ class SimDeviceAPI(DeviceAPI):
             "host_bandwidth": config.bandwidth,
             "host_latency": config.latency,
             "launch_overhead": config.launch_overhead,
+            "memory_bandwidth": config.memory_bandwidth,
         }
 
     def _free_bytes(self, device: Device) -> int | None:

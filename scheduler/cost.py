@@ -15,6 +15,11 @@ Two models ship here.
 uses, so for ``sim`` devices the model is exact by construction:
 
 * a node takes ``launch_overhead + flops / speed`` (``SimConfig.compute_seconds``);
+  on a device that reports a ``memory_bandwidth`` (the ``cpu``), a roofline:
+  ``launch_overhead + max(flops / speed, nbytes / memory_bandwidth)``, with
+  ``nbytes`` the node's inputs and outputs, so elementwise nodes (one
+  operation per element, as many bytes moved) cost what moving their bytes
+  costs. Sims report none and keep their exact model;
 * every device has one link to the host, ``latency + nbytes / bandwidth``
   (``SimConfig.copy_seconds``); the host (``cpu``) reports an infinite
   bandwidth and no latency, so its own link costs nothing;
@@ -67,6 +72,7 @@ __all__ = (
     "Supported",
     "TableCostModel",
     "edge_nbytes",
+    "node_nbytes",
     "speed_from_attributes",
     "speeds_from_devices",
 )
@@ -123,6 +129,8 @@ class DeviceSpeed:
         ``> 0`` (``math.inf`` for the host itself).
     :ivar latency: seconds per copy over that link, ``>= 0``.
     :ivar launch_overhead: seconds added to every node, ``>= 0``.
+    :ivar memory_bandwidth: bytes per second a node's inputs and outputs
+        move at, ``> 0`` (``math.inf``: memory is never the bound).
     :ivar peer: the link to other devices of the same kind, where copies
         between them do not go through the host (``None``: they use
         :attr:`link`).
@@ -133,9 +141,10 @@ class DeviceSpeed:
     latency: float = 0.0
     launch_overhead: float = 0.0
     peer: Link | None = None
+    memory_bandwidth: float = math.inf
 
     def __post_init__(self) -> None:
-        for name in ("flops", "bandwidth"):
+        for name in ("flops", "bandwidth", "memory_bandwidth"):
             if not getattr(self, name) > 0:
                 raise PlanError(f"DeviceSpeed.{name} must be > 0")
         for name in ("latency", "launch_overhead"):
@@ -147,13 +156,18 @@ class DeviceSpeed:
         """The device's link to the host."""
         return Link(self.latency, self.bandwidth)
 
-    def compute_seconds(self, work: float) -> float:
-        """Duration of a node doing ``work`` FLOPs (``SimConfig.compute_seconds``).
+    def compute_seconds(self, work: float, nbytes: int = 0) -> float:
+        """Duration of a node doing ``work`` FLOPs over ``nbytes`` of inputs
+        and outputs (``SimConfig.compute_seconds`` when memory is no bound).
 
         :param work: floating-point operations.
-        :return: ``launch_overhead + work / flops``.
+        :param nbytes: bytes the node reads and writes.
+        :return: ``launch_overhead + max(work / flops, nbytes /
+            memory_bandwidth)``.
         """
-        return self.launch_overhead + work / self.flops
+        return self.launch_overhead + max(
+            work / self.flops, nbytes / self.memory_bandwidth
+        )
 
     def copy_seconds(self, nbytes: int) -> float:
         """Duration of a copy over the host link (``SimConfig.copy_seconds``).
@@ -169,7 +183,8 @@ def speed_from_attributes(device: Device, attrs: Mapping[str, Any]) -> DeviceSpe
 
     Reads ``flops``, ``host_bandwidth`` (default: infinite), ``host_latency``
     (default 0) and, where a backend reports them, ``launch_overhead``
-    (default 0) and ``peer_bandwidth`` / ``peer_latency`` (the peer link):
+    (default 0), ``memory_bandwidth`` (default: infinite) and
+    ``peer_bandwidth`` / ``peer_latency`` (the peer link):
     the names ``devices.get_api(kind).attributes(dev)`` uses.
 
     :param device: the device the attributes describe (named in errors).
@@ -191,6 +206,7 @@ def speed_from_attributes(device: Device, attrs: Mapping[str, Any]) -> DeviceSpe
             latency=float(attrs.get("host_latency", 0.0)),
             launch_overhead=float(attrs.get("launch_overhead", 0.0)),
             peer=peer,
+            memory_bandwidth=float(attrs.get("memory_bandwidth", math.inf)),
         )
     except (TypeError, ValueError) as exc:
         raise PlanError(f"device {device} reports unusable speeds: {exc}") from exc
@@ -228,6 +244,19 @@ def edge_nbytes(dag: nx.DiGraph, src: int, dst: int) -> int:
     outputs = node_spec(dag, src).outputs
     indices = {use.output_index for use in edge_uses(dag, src, dst)}
     return sum(outputs[i].nbytes for i in sorted(indices))
+
+
+def node_nbytes(dag: nx.DiGraph, nid: int) -> int:
+    """Bytes node ``nid`` reads and writes: its inputs and outputs.
+
+    :param dag: the graph.
+    :param nid: the node.
+    :return: the sizes of its input entries (each counted once) and outputs.
+    """
+    spec = node_spec(dag, nid)
+    reads = {(e.nid, e.index) for e in spec.inputs}
+    read = sum(node_spec(dag, n).outputs[i].nbytes for n, i in reads)
+    return read + sum(out.nbytes for out in spec.outputs)
 
 
 def _always(nid: int, device: Device) -> bool:
@@ -289,7 +318,9 @@ class AnalyticCostModel:
         :param nid: the node.
         :param device: the device.
         :return: 0 for null and ``__nop`` nodes; ``inf`` where ``supported``
-            says no; else ``launch_overhead + flops / speed``.
+            says no; else :meth:`DeviceSpeed.compute_seconds` of the node's
+            ``flops`` and, where the device's memory bandwidth is finite,
+            the bytes of its inputs and outputs.
         :raises PlanError: if the model has no speed for ``device``.
         """
         speed = self._speed(device)
@@ -298,7 +329,9 @@ class AnalyticCostModel:
             return 0.0
         if not self._supported(nid, device):
             return math.inf
-        return speed.compute_seconds(spec.flops)
+        if math.isinf(speed.memory_bandwidth):
+            return speed.compute_seconds(spec.flops)
+        return speed.compute_seconds(spec.flops, node_nbytes(self._dag, nid))
 
     def transfer_time(self, nbytes: int, src: Device, dst: Device) -> float:
         """Seconds to copy ``nbytes`` from ``src`` to ``dst``.

@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import inspect
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -297,7 +298,11 @@ class ProgramTrace:
             src, dst = (self._arrays[e] for e in launch.args[:2])
             return _modelled_copy(src.device, dst.device, src.nbytes)
         if device.kind == "sim":
-            return _sim_config(device).compute_seconds(launch.work)
+            config = _sim_config(device)
+            if math.isinf(config.memory_bandwidth):
+                return config.compute_seconds(launch.work)
+            nbytes = sum(self._arrays[e].nbytes for e in set(launch.args))
+            return config.compute_seconds(launch.work, nbytes)
         return None
 
     # -- running ---------------------------------------------------------------

@@ -147,3 +147,32 @@ def test_table_model_is_literal() -> None:
     assert model.transfer_time(100, SIM0, CPU) == 11.0  # either direction
     assert model.transfer_time(100, SIM0, SIM1) == 1.5  # default link
     assert model.transfer_time(100, SIM1, SIM1) == 0.0
+
+
+def test_roofline_devices_pay_for_the_bytes_a_node_moves() -> None:
+    dag = _dag()
+    # node 2 reads a.0 (8 bytes, passed twice, counted once) and a.1 (40),
+    # writes 8: 56 bytes; node 1 reads 16 and writes 48: 64 bytes.
+    roof = DeviceSpeed(flops=1e9, memory_bandwidth=8.0, launch_overhead=1e-3)
+    model = AnalyticCostModel(dag, {CPU: roof, SIM0: DeviceSpeed(flops=1e9)})
+    assert model.compute_time(2, CPU) == 1e-3 + max(1.0, 56 / 8.0)
+    assert model.compute_time(1, CPU) == 1e-3 + max(3.0, 64 / 8.0)
+    assert model.compute_time(2, SIM0) == 1.0  # no memory bound: flops alone
+    with pytest.raises(PlanError):
+        DeviceSpeed(flops=1.0, memory_bandwidth=0.0)
+
+
+def test_roofline_sims_are_modelled_exactly() -> None:
+    config = SimConfig(flops=1e9, memory_bandwidth=8.0)
+    sim.configure(1, config)
+    dag = _dag()
+    model = AnalyticCostModel.from_devices(dag, [SIM0])
+    assert model.speeds[SIM0].memory_bandwidth == 8.0
+    assert model.compute_time(2, SIM0) == config.compute_seconds(1e9, 56)
+    assert config.compute_seconds(1e9, 56) == 56 / 8.0
+
+
+def test_cpu_reports_a_roofline() -> None:
+    speed = speeds_from_devices([CPU])[CPU]
+    assert 0 < speed.memory_bandwidth < math.inf
+    assert speed.launch_overhead > 0
