@@ -86,11 +86,12 @@ def _anonymous_file(data: bytes = b"", size: int = 0) -> int:
     return fd
 
 
-def _worker_env() -> dict[str, str]:
-    """The parent's environment, with its import path (so a worker imports
-    the same asyncrt and the same kernel modules)."""
+def _worker_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """The parent's environment with its import path (so a worker imports
+    the same asyncrt and the same kernel modules), updated with ``extra``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env.update(extra)
     return env
 
 
@@ -154,6 +155,8 @@ class ProcessContext:
     :param heads: the graph's outputs, in order.
     :param nbytes: the device bytes the worker's context costs (for the
         pool's memory budget).
+    :param env: environment variables to set in the worker (on top of this
+        process's).
     :raises WorkerError: if the worker process cannot be started.
     """
 
@@ -163,6 +166,7 @@ class ProcessContext:
         inputs: Mapping[str, Entry],
         heads: Sequence[Entry],
         nbytes: int,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.nbytes = nbytes + spec.layout.nbytes
         self.generation = 0
@@ -179,7 +183,7 @@ class ProcessContext:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "asyncrt._process_worker", *map(str, fds)],
                 pass_fds=fds,
-                env=_worker_env(),
+                env=_worker_env(env or {}),
                 stdin=subprocess.DEVNULL,
             )
         except OSError as exc:

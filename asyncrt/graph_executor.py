@@ -117,6 +117,7 @@ def create(
     processes: bool = False,
     worker_imports: Sequence[str] = (),
     worker_nice: int = 0,
+    worker_env: Mapping[str, str] | None = None,
 ) -> GraphModule:
     """Create an executor (TVM's ``graph_executor.create``).
 
@@ -185,6 +186,7 @@ def create(
         processes=processes,
         worker_imports=worker_imports,
         worker_nice=worker_nice,
+        worker_env=worker_env,
     )
 
 
@@ -215,6 +217,7 @@ class GraphModule:
         processes: bool = False,
         worker_imports: Sequence[str] = (),
         worker_nice: int = 0,
+        worker_env: Mapping[str, str] | None = None,
     ) -> None:
         if not 0 <= worker_nice <= 19:
             raise ArgumentError(f"worker_nice must be in 0..19, got {worker_nice}")
@@ -266,6 +269,7 @@ class GraphModule:
                 kernel_threads,
                 tuple(worker_imports),
                 worker_nice,
+                dict(worker_env or {}),
             )
             if processes
             else None
@@ -346,6 +350,7 @@ class GraphModule:
             {name: Entry(nid, 0) for name, nid in names.items()},
             self._heads,
             self.context_nbytes,
+            self._workers.env,
         )
         context.generation = self._generation
         return context
@@ -888,9 +893,11 @@ class _WorkerOptions:
         kernel_threads: int | str,
         imports: tuple[str, ...],
         nice: int,
+        env: dict[str, str],
     ) -> None:
         self.graph = graph
         self.nice = nice
+        self.env = env
         self.devices = devices
         self.max_streams = max_streams
         self.fuse = fuse

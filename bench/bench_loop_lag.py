@@ -163,6 +163,7 @@ def child(a: argparse.Namespace) -> None:
             kernel_threads=_kernel_threads(a.kernel_threads),
             processes=a.processes and contexts > 0,
             worker_nice=a.worker_nice if a.processes else 0,
+            worker_env=dict(e.split("=", 1) for e in a.worker_env),
         )
         ex.load_params(params)
         for _ in range(3):  # warm up: caches hot
@@ -227,14 +228,17 @@ def run_ort(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_asyncrt(
-    a: argparse.Namespace, kernel_threads: str, processes: bool
+    a: argparse.Namespace, kernel_threads: str, run_in: str
 ) -> dict[str, Any]:
     """The asyncrt modes in a child whose executors take ``kernel_threads``
     (``"auto"``: one run's latency first; ``"throughput"``: pools sized for
     ``max_contexts`` concurrent runs; or a number), with run contexts in
-    worker processes if ``processes``."""
+    worker processes for ``run_in`` "process" (and with ``--worker-env`` set
+    in them for "process+env")."""
     env = dict(os.environ)
     suffix = "" if kernel_threads == "auto" else f"-{kernel_threads}"
+    if run_in == "process+env":
+        suffix += "-" + "-".join(item.split("=", 1)[1] for item in a.worker_env)
     cmd = [
         sys.executable,
         __file__,
@@ -252,8 +256,11 @@ def run_asyncrt(
     ]
     if not a.uvloop:
         cmd.append("--no-uvloop")
-    if processes:
+    if run_in.startswith("process"):
         cmd += ["--processes", "--worker-nice", str(a.worker_nice)]
+    if run_in == "process+env":
+        for item in a.worker_env:
+            cmd += ["--worker-env", item]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
     for line in p.stdout.splitlines():
         if line.startswith(MARK):
@@ -331,7 +338,8 @@ def main() -> None:
         "--run-in",
         default="thread,process",
         help="where run contexts live, a comma list: 'thread' (kernels on "
-        "stream threads of this process) and/or 'process' (processes=True)",
+        "stream threads of this process), 'process' (processes=True) and/or "
+        "'process+env' (the same, with --worker-env in the workers)",
     )
     ap.add_argument("--processes", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(
@@ -340,6 +348,14 @@ def main() -> None:
         default=19,
         help="the process modes' worker_nice (default 19: workers yield to "
         "the event loop's process)",
+    )
+    ap.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the 'process+env' workers "
+        "(repeatable), e.g. OPENBLAS_CORETYPE=Haswell",
     )
     ap.add_argument("--peers-dir", default=str(DEFAULT_PEERS_DIR))
     ap.add_argument("--timeout", type=float, default=600)
@@ -357,7 +373,7 @@ def main() -> None:
     for run_in in a.run_in.split(","):
         for kernel_threads in a.kernel_threads.split(","):
             t = time.perf_counter()
-            results.update(run_asyncrt(a, kernel_threads, run_in == "process"))
+            results.update(run_asyncrt(a, kernel_threads, run_in))
             print(
                 f"# asyncrt modes ({run_in}, kernel_threads={kernel_threads}) "
                 f"done in {time.perf_counter() - t:.1f} s",

@@ -100,8 +100,16 @@ def build_graph() -> Graph:
     return b.build()
 
 
-def create_executor(max_contexts: int = 8) -> graph_executor.GraphModule:
-    """The executor every request shares."""
+def create_executor(
+    max_contexts: int = 8, processes: bool = False
+) -> graph_executor.GraphModule:
+    """The executor every request shares.
+
+    :param processes: run each context in a worker process (worth it for
+        graphs heavy enough that kernels would otherwise hold the event
+        loop's GIL for long; a tiny graph pays more in messages than it
+        saves).
+    """
     # Requests run side by side: size the kernel pools for that, not for one
     # run's latency (no R x cores BLAS threads on the cores).
     ex = graph_executor.create(
@@ -110,6 +118,8 @@ def create_executor(max_contexts: int = 8) -> graph_executor.GraphModule:
         "cpu",
         max_contexts=max_contexts,
         kernel_threads="throughput",
+        processes=processes,
+        worker_nice=10 if processes else 0,  # the loop preempts the workers
     )
     ex.load_params(asyncrt.save_param_dict(weights()))
     return ex
@@ -291,6 +301,7 @@ async def serve(
     max_contexts: int = 8,
     max_body: int = MAX_BODY,
     grace: float = 5.0,
+    processes: bool = False,
 ) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is not
     given); then shut down gracefully.
@@ -306,7 +317,7 @@ async def serve(
             with contextlib.suppress(RuntimeError, ValueError):  # not main thread
                 loop.add_signal_handler(sig, stop.set)
                 signals.append(sig)
-    async with create_executor(max_contexts) as ex:
+    async with create_executor(max_contexts, processes) as ex:
         service = Service(ex, max_body=max_body)
         server = await asyncio.start_server(service.handle, host, port, limit=MAX_LINE)
         bound = server.sockets[0].getsockname()
@@ -331,6 +342,9 @@ def main() -> None:
     ap.add_argument("--max-body", type=int, default=MAX_BODY)
     ap.add_argument("--grace", type=float, default=5.0)
     ap.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    ap.add_argument(
+        "--processes", action="store_true", help="run contexts in worker processes"
+    )
     args = ap.parse_args()
 
     def ready(host: str, port: int) -> None:
@@ -343,6 +357,7 @@ def main() -> None:
         max_contexts=args.contexts,
         max_body=args.max_body,
         grace=args.grace,
+        processes=args.processes,
     )
     if args.uvloop:
         import uvloop

@@ -478,7 +478,8 @@ async def http(
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_http_service_answers_and_rejects() -> None:
+@pytest.mark.parametrize("processes", [False, True])
+async def test_http_service_answers_and_rejects(processes: bool) -> None:
     service = load_example("http_service")
     stop = asyncio.Event()
     bound: list[int] = []
@@ -489,6 +490,8 @@ async def test_http_service_answers_and_rejects() -> None:
             stop=stop,
             on_ready=lambda h, p: bound.append(p),
             max_body=4096,
+            max_contexts=2,
+            processes=processes,
         )
     )
     try:
