@@ -87,7 +87,8 @@ def conv_stride1(
     keep = (Ellipsis, *(slice(0, o) for o in out_spatial[1:]))
     for start in range(0, n, chunk):
         size = min(chunk, n - start)
-        grid[(slice(0, size), slice(None), *inner)] = x[start : start + size]
+        interior = (slice(0, size), slice(None), *inner)
+        grid[interior] = x[start : start + size]
         for tap, offset in enumerate(offsets):
             cols[:size, :, tap] = flat[:size, :, offset : offset + length]
         got = result[:size]

@@ -97,8 +97,12 @@ def pad_spatial(
         *(b + s + e for b, s, e in zip(begin, a.shape[2:], end, strict=True)),
     )
     padded = xp.full(shape, value, dtype=a.dtype)
-    inner = tuple(slice(b, b + s) for b, s in zip(begin, a.shape[2:], strict=True))
-    padded[(slice(None), slice(None), *inner)] = a
+    inner = (
+        slice(None),
+        slice(None),
+        *(slice(b, b + s) for b, s in zip(begin, a.shape[2:], strict=True)),
+    )
+    padded[inner] = a
     return padded
 
 
