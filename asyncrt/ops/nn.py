@@ -304,10 +304,33 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
     if stash is not None and not isinstance(stash, str):
         raise ValueError(f"attribute 'stash_dtype' must be a dtype name: {stash!r}")
 
+    def rows(x: Array, y: Array, width: int) -> tuple[Array, Array]:
+        """Mean and 1 / std of each row of ``x`` (viewed ``(rows, width)``);
+        ``y`` (same dtype) is left holding ``x - mean``. Two reductions and
+        one subtraction, no full-size temporary."""
+        flat, centred = x.reshape(-1, width), y.reshape(-1, width)
+        mean = xp.add.reduce(flat, axis=1, keepdims=True)
+        mean *= 1 / width
+        xp.subtract(flat, mean, centred)
+        var = xp.einsum("ij,ij->i", centred, centred).reshape(-1, 1)
+        var *= 1 / width
+        var += epsilon
+        return mean, 1 / xp.sqrt(var)
+
     def layer_norm(x: Array, scale: Array, *rest: Array) -> None:
         bias = rest[0] if has_bias else None
         y, *stats = rest[1:] if has_bias else rest
-        axes = tuple(range(axis % x.ndim, x.ndim))
+        start = axis % x.ndim
+        if y.dtype == x.dtype and stash in (None, x.dtype.name):
+            mean, inv = rows(x, y, math.prod(x.shape[start:]))
+            xp.multiply(y.reshape(inv.shape[0], -1), inv, y.reshape(inv.shape[0], -1))
+            xp.multiply(y, scale, y)
+            if bias is not None:
+                xp.add(y, bias, y)
+            for value, target in zip((mean, inv), stats[:extra], strict=False):
+                target[...] = value.reshape(target.shape)
+            return
+        axes = tuple(range(start, x.ndim))
         work = x.astype(stash, copy=False) if stash is not None else x
         mean = work.mean(axis=axes, keepdims=True)
         centred = work - mean
