@@ -74,6 +74,7 @@ from scheduler.planner import plan_graph
 from . import _benchmark, _threads
 from ._context import ContextPool, RunContext, context_nbytes
 from ._fusion import Engine, fuse_graph
+from ._host_feed import HostFeed
 from ._kernels import Module, resolve
 from ._params import decode_params
 from ._process import ProcessContext, ProcessProgram
@@ -283,6 +284,7 @@ class GraphModule:
         )
         self._generation = 0
         self._own: RunContext | None = None
+        self._feed: HostFeed | None = None  # run_sync's views of self._own
         self._running = 0  # run() calls under way, waiting ones included
         self._drained: anyio.Event | None = None
         # Parameters read on other devices: copied there once, when loaded.
@@ -719,8 +721,9 @@ class GraphModule:
         :raises ClosedResourceError: if the executor is closed.
         """
         self._check_open()
-        if inputs:
-            self.set_input(**inputs)
+        feed = self._host_feed() if inputs else None
+        if feed is not None and (self._stateful_busy or not feed.fill(inputs)):
+            self.set_input(**inputs)  # the general path, and its errors
         self._check_not_busy()
         context = self._own_context()
         self._check_all_set(context)
@@ -734,9 +737,22 @@ class GraphModule:
             raise
         finally:
             self._stateful_busy = False
-        if inputs:
+        if feed is None:
+            return None
+        outputs = feed.outputs()
+        if outputs is None:
             return [self._copy_out(context.output(e)) for e in self._heads]
-        return None
+        return outputs
+
+    def _host_feed(self) -> HostFeed:
+        context = self._own_context()
+        if self._feed is None or self._feed.context is not context:
+            names = {
+                name: Entry(nid, 0)
+                for name, nid in zip(self._input_names, self._input_nids, strict=True)
+            }
+            self._feed = HostFeed(context, names, self._heads, self.plan.host)
+        return self._feed
 
     def get_output(self, index: int, out: NDArray | None = None) -> NDArray:
         """Output ``index`` of the last stateful run (TVM's ``get_output``).

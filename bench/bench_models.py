@@ -16,12 +16,15 @@ Runners:
   ONNX Runtime's CPU provider, sequential or parallel execution, one or the
   default intra-op threads (as ``../shared/bench/peers.py`` runs it);
 * ``asyncrt``: ``from_onnx`` then ``graph_executor.create(..., "cpu")`` and
-  ``run_sync(x=...)`` (inputs in, outputs out, as ``sess.run``);
+  ``run_sync(x=...)`` (inputs in, outputs out as new arrays the caller
+  owns, as ``sess.run``);
 * ``asyncrt-fused``: the same with ``fuse=True``.
 
 Outputs are compared with ONNX Runtime's (``max|d| / max|ref| <= 1e-4``).
 Each pair: warm-up, then at least ``--min-runs`` timed runs and
-``--min-time`` seconds.
+``--min-time`` seconds. ``--profile`` also writes each asyncrt runner's
+per-launch kernel times (each kernel run alone, in plan order) to
+``results/models-profile-<model>-<runner>.md``.
 """
 
 from __future__ import annotations
@@ -113,12 +116,12 @@ def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
         )
 
         def fn() -> list[Any]:
-            return [o.numpy() for o in ex.run_sync(**feed) or []]
+            return ex.run_sync(**feed) or []
 
     setup_s = time.perf_counter() - t0
     out = fn()
     rel_err = max(
-        float(np.max(np.abs(np.asarray(o, np.float64) - r)))
+        float(np.max(np.abs(np.asarray(o).astype(np.float64) - r)))
         / max(float(np.max(np.abs(r))), 1e-30)
         for o, r in zip(out, reference, strict=True)
     )
@@ -145,6 +148,11 @@ def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
         "correct": rel_err <= 1e-4,
         "nodes": len(model.graph.node),
     }
+    if a.profile and not runner.startswith("ort"):
+        from bench_kernels import profile
+
+        res["profile"] = profile(ex, feed)
+        res["launches"] = len(res["profile"])
     print(MARK + json.dumps(res), flush=True)
 
 
@@ -162,6 +170,8 @@ def run_pair(model: str, runner: str, a: argparse.Namespace) -> dict[str, Any]:
         "--max-runs",
         str(a.max_runs),
     ]
+    if a.profile:
+        cmd.append("--profile")
     return run_child(cmd, MARK, a.timeout, {"model": model, "runner": runner})
 
 
@@ -196,6 +206,7 @@ def main() -> None:
     ap.add_argument("--max-runs", type=int, default=2000)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--json")
+    ap.add_argument("--profile", action="store_true")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "RUNNER"))
     a = ap.parse_args()
     if a.child:
@@ -221,6 +232,35 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"best": list(best.values()), "all": results}, f, indent=1)
+    if a.profile:
+        for r in best.values():
+            if "profile" in r:
+                write_profile(r)
+
+
+def write_profile(r: dict[str, Any]) -> None:
+    """``results/models-profile-<model>-<runner>.md``: kernel times, largest
+    first, against the run's median."""
+    rows = sorted(r["profile"], key=lambda x: -x["median_us"])
+    total = sum(x["median_us"] for x in rows)
+    run_us = 1e6 * r["median_s"]
+    lines = [
+        f"# {r['model']} / {r['runner']}: where the time goes",
+        "",
+        f"run median {run_us:.1f} us; kernels alone {total:.1f} us "
+        f"({len(rows)} launches); the rest ({run_us - total:.1f} us) is "
+        "per-run overhead (input/output copies, dispatch) and cache effects",
+        "",
+        "| node | kernel | median us | share of kernels |",
+        "|---|---|---|---|",
+    ]
+    for x in rows:
+        lines.append(
+            f"| {x['node']} | {x['func']} | {x['median_us']:.1f} | "
+            f"{x['median_us'] / total:.0%} |"
+        )
+    path = HERE / "results" / f"models-profile-{r['model']}-{r['runner']}.md"
+    path.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,13 @@ the actions — a tight loop with no planning, no allocation, no task per node:
 * a coroutine kernel is awaited on the event loop, after an event tells the
   host that its inputs are ready.
 
-The host awaits one final event per stream. A kernel that raises fails the
+The host awaits one final event per stream. :meth:`Program.run_sync` (for
+callers without an event loop) skips the streams altogether when a plan is
+one cpu stream and nothing else: its calls run on the calling thread, in
+order, which is what the stream's worker would have done, minus the hop to
+that thread and the wake back (tens of microseconds a run on a busy host).
+
+A kernel that raises fails the
 run with :class:`~scheduler.errors.NodeFailedError` naming the node; the
 streams skip the rest of that run's work. Cancelling the awaiting task stops
 the streams at the next check (every :data:`CHECK_EVERY` calls), waits for
@@ -157,6 +163,7 @@ class Program:
             raise
         self._has_async = any(isinstance(a, _AsyncCall) for a in self._actions)
         self._batches = {id(a.calls): a for a in self._actions if isinstance(a, _Batch)}
+        self._inline = self._inline_batch()
 
     def set_tracer(self, tracer: TraceRecorder | None) -> ProgramTrace | None:
         """Record every later run into ``tracer``; ``None`` stops tracing.
@@ -175,6 +182,7 @@ class Program:
         self._actions = self._compile(self._kernels)
         self._has_async = any(isinstance(a, _AsyncCall) for a in self._actions)
         self._batches = {id(a.calls): a for a in self._actions if isinstance(a, _Batch)}
+        self._inline = self._inline_batch()
         return self._trace
 
     # -- binding -------------------------------------------------------------
@@ -254,6 +262,26 @@ class Program:
         for stream in list(pending):
             flush(stream)
         return actions
+
+    def _inline_batch(self) -> _Batch | None:
+        """All the calls as one batch, if the plan may run on the calling
+        thread: one plain cpu stream (no sim timing, no cuda), no coroutine
+        kernels, no tracing (its spans are per stream)."""
+        plan = self.plan
+        if (
+            self._trace is not None
+            or len(plan.streams) != 1
+            or plan.streams[0].device.kind != "cpu"
+            or not all(isinstance(a, _Batch) for a in self._actions)
+        ):
+            return None
+        calls: list[Call] = []
+        launches: list[Launch | None] = []
+        for action in self._actions:
+            if isinstance(action, _Batch):
+                calls += action.calls
+                launches += action.launches
+        return _Batch(0, calls, launches)
 
     def _bind_launch(
         self, step: Launch, kernels: Mapping[int, Kernel]
@@ -353,10 +381,35 @@ class Program:
         """
         if self._has_async:
             raise TypeError("a plan with coroutine kernels needs `await run()`")
+        if self._inline is not None:
+            self._run_inline(self._inline)
+            return
         completions = self.launch()
         for completion in completions:
             completion.wait()
         self._raise_first_error(completions)
+
+    def _run_inline(self, batch: _Batch) -> None:
+        """Run ``batch`` on this thread, failing as the stream would have:
+        a kernel's error becomes :class:`NodeFailedError`, a stop from
+        another thread (:meth:`stop`) :class:`ClosedResourceError` at the
+        next check."""
+        self._check_open()
+        state = self._state
+        state.stopped = state.halted = False
+        index = 0
+        try:
+            for fn, args, _ in batch.calls:
+                fn(*args)
+                index += 1
+        except _Stopped:
+            stopped = "the run was stopped before it finished"
+            raise ClosedResourceError(stopped) from None
+        except Exception as exc:
+            launch = batch.launches[index]
+            if launch is None:  # a check itself cannot fail but for a stop
+                raise
+            raise self._node_error(launch, batch.stream) from exc
 
     async def _run_with_coroutines(self) -> None:
         streams, state = self._streams, self._state

@@ -85,11 +85,25 @@ def pad_spatial(
     end: tuple[int, ...],
     value: float | int,
 ) -> Array:
-    """``a`` padded on its spatial axes with ``value`` (``a`` if no pads)."""
+    """``a`` padded on its spatial axes with ``value`` (``a`` if no pads).
+
+    One fill and one copy of the interior: ``numpy.pad`` costs tens of
+    microseconds more per call, the whole of a small pooling kernel.
+    """
     if not any(begin) and not any(end):
         return a
-    width = [(0, 0), (0, 0), *zip(begin, end, strict=True)]
-    return xp.pad(a, width, mode="constant", constant_values=value)
+    shape = (
+        *a.shape[:2],
+        *(b + s + e for b, s, e in zip(begin, a.shape[2:], end, strict=True)),
+    )
+    padded = xp.full(shape, value, dtype=a.dtype)
+    inner = (
+        slice(None),
+        slice(None),
+        *(slice(b, b + s) for b, s in zip(begin, a.shape[2:], strict=True)),
+    )
+    padded[inner] = a
+    return padded
 
 
 def windows(

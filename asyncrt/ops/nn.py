@@ -1,16 +1,18 @@
 """Convolution, pooling and normalisation.
 
-Convolution is im2col plus one batched BLAS matmul: the windows of the
-padded input are a strided view; gathering them into a ``(N, group, K, P)``
-column matrix is the one copy, and ``W (group, M/group, K) @ cols`` writes
-straight into the output array, viewed as ``(N, group, M/group, P)``.
-Depthwise convolutions (one input channel per group) skip the matmul: a
-multiply-add per kernel position over the whole output is cheaper than
-``N * C`` tiny matrix products.
+Convolution is im2col plus one batched BLAS matmul. With strides of 1 (the
+common case) the column matrix is built from contiguous slices of flat
+padded planes (:mod:`asyncrt.ops._im2col`), depthwise convolutions
+included. Other strides gather the windows of the padded input (a strided
+view) into a ``(N, group, K, P)`` column matrix, and ``W (group, M/group,
+K) @ cols`` writes straight into the output array, viewed as ``(N, group,
+M/group, P)``; depthwise convolutions there skip the matmul for a
+multiply-add per kernel position over the whole output.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -21,6 +23,7 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from ._common import Array, choice, flag, integer, ints, number, opt_ints, quiet
+from ._im2col import conv_stride1
 from ._registry import Attrs, define
 from ._windows import Geometry, pad_spatial, reduce_windows, windows
 
@@ -72,6 +75,11 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             rest[-1][...] = wide
             return
         out = rest[-1]
+        if all(s == 1 for s in geometry.strides):
+            begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
+            bias = rest[0] if has_bias else None
+            conv_stride1(xp, x, w, bias, out, group, begin, geometry.dilations)
+            return
         n, c = x.shape[:2]
         m = w.shape[0]
         out_spatial = out.shape[2:]
@@ -158,33 +166,77 @@ def _argmax_indices(
     out[...] = index + base
 
 
+#: Average pooling whose pooling matrix (input positions x output positions
+#: of one plane) and its making (input positions squared) stay within this
+#: many cells is one matmul with that matrix, made once per shape: small
+#: planes, where the strided window folds are all per-call overhead.
+POOL_MATRIX_CELLS = 1 << 16
+
+
 @define("avg_pool")
 def _avg_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
     geometry = _geometry(attrs)
     count_pads = flag(attrs, "count_include_pad")
-    rank = len(geometry.kernel)
-    window_axes = tuple(range(2 + rank, 2 + 2 * rank))
 
-    def avg_pool(x: Array, out: Array) -> None:
-        in_spatial, out_spatial = x.shape[2:], out.shape[2:]
+    @functools.lru_cache(maxsize=8)
+    def inverse_counts(
+        in_spatial: tuple[int, ...], out_spatial: tuple[int, ...]
+    ) -> Array | None:
+        """1 / how many cells of each window count (``None``: all do), made
+        once per shape: real input cells, plus the explicit pads with
+        count_include_pad; never the cells ceil_mode adds past them."""
+        rank = len(in_spatial)
         begin, end, reach = geometry.padding(in_spatial, out_spatial)
-        padded = pad_spatial(xp, x, begin, reach, 0)
-        reduce_windows(xp, padded, geometry, xp.add, out)
         if not any(begin) and not any(reach):
-            xp.divide(out, math.prod(geometry.kernel), out)
-            return
-        # Divide each window by how many of its cells count: real input
-        # cells, plus the explicit pads with count_include_pad; never the
-        # cells ceil_mode adds past them.
-        ones = xp.ones((1, 1, *in_spatial), dtype=x.dtype)
+            return None
+        ones = xp.ones((1, 1, *in_spatial), dtype=np.float64)
         if count_pads:
             ones = pad_spatial(xp, ones, begin, end, 1)
             extra = tuple(r - e for r, e in zip(reach, end, strict=True))
             mask = pad_spatial(xp, ones, (0,) * rank, extra, 0)
         else:
             mask = pad_spatial(xp, ones, begin, reach, 0)
-        counts = windows(xp, mask, geometry, out_spatial).sum(axis=window_axes)
-        xp.divide(out, counts, out)
+        counts = xp.empty((1, 1, *out_spatial), dtype=np.float64)
+        reduce_windows(xp, mask, geometry, xp.add, counts)
+        return 1 / counts
+
+    @functools.lru_cache(maxsize=8)
+    def pooling_matrix(
+        in_spatial: tuple[int, ...], out_spatial: tuple[int, ...], dtype: str
+    ) -> Array:
+        """``P (in positions, out positions)``: ``out = x @ P`` per plane.
+        Column ``o`` holds ``1 / count`` at the input cells window ``o``
+        covers (pads hold no input, so they drop out)."""
+        size = math.prod(in_spatial)
+        begin, _, reach = geometry.padding(in_spatial, out_spatial)
+        # Pool the identity: plane i is the one-hot image of input cell i.
+        eye = xp.eye(size, dtype=np.float64).reshape(size, 1, *in_spatial)
+        columns = xp.empty((size, 1, *out_spatial), dtype=np.float64)
+        reduce_windows(
+            xp, pad_spatial(xp, eye, begin, reach, 0), geometry, xp.add, columns
+        )
+        inverse = inverse_counts(in_spatial, out_spatial)
+        scale = 1 / math.prod(geometry.kernel) if inverse is None else inverse
+        return (columns * scale).reshape(size, -1).astype(dtype)
+
+    def avg_pool(x: Array, out: Array) -> None:
+        in_spatial, out_spatial = tuple(x.shape[2:]), tuple(out.shape[2:])
+        size, positions = math.prod(in_spatial), math.prod(out_spatial)
+        if size * max(size, positions) <= POOL_MATRIX_CELLS and x.dtype.kind == "f":
+            matrix = pooling_matrix(in_spatial, out_spatial, x.dtype.str)
+            planes = x.shape[0] * x.shape[1]
+            xp.matmul(
+                x.reshape(planes, size), matrix, out=out.reshape(planes, positions)
+            )
+            return
+        begin, _, reach = geometry.padding(in_spatial, out_spatial)
+        padded = pad_spatial(xp, x, begin, reach, 0)
+        reduce_windows(xp, padded, geometry, xp.add, out)
+        inverse = inverse_counts(in_spatial, out_spatial)
+        if inverse is None:
+            xp.multiply(out, 1 / math.prod(geometry.kernel), out)
+        else:
+            xp.multiply(out, inverse.astype(x.dtype), out)
 
     return avg_pool
 
@@ -252,10 +304,33 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
     if stash is not None and not isinstance(stash, str):
         raise ValueError(f"attribute 'stash_dtype' must be a dtype name: {stash!r}")
 
+    def rows(x: Array, y: Array, width: int) -> tuple[Array, Array]:
+        """Mean and 1 / std of each row of ``x`` (viewed ``(rows, width)``);
+        ``y`` (same dtype) is left holding ``x - mean``. Two reductions and
+        one subtraction, no full-size temporary."""
+        flat, centred = x.reshape(-1, width), y.reshape(-1, width)
+        mean = xp.add.reduce(flat, axis=1, keepdims=True)
+        mean *= 1 / width
+        xp.subtract(flat, mean, centred)
+        var = xp.einsum("ij,ij->i", centred, centred).reshape(-1, 1)
+        var *= 1 / width
+        var += epsilon
+        return mean, 1 / xp.sqrt(var)
+
     def layer_norm(x: Array, scale: Array, *rest: Array) -> None:
         bias = rest[0] if has_bias else None
         y, *stats = rest[1:] if has_bias else rest
-        axes = tuple(range(axis % x.ndim, x.ndim))
+        start = axis % x.ndim
+        if y.dtype == x.dtype and stash in (None, x.dtype.name):
+            mean, inv = rows(x, y, math.prod(x.shape[start:]))
+            xp.multiply(y.reshape(inv.shape[0], -1), inv, y.reshape(inv.shape[0], -1))
+            xp.multiply(y, scale, y)
+            if bias is not None:
+                xp.add(y, bias, y)
+            for value, target in zip((mean, inv), stats[:extra], strict=False):
+                target[...] = value.reshape(target.shape)
+            return
+        axes = tuple(range(start, x.ndim))
         work = x.astype(stash, copy=False) if stash is not None else x
         mean = work.mean(axis=axes, keepdims=True)
         centred = work - mean

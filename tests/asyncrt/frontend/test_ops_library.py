@@ -104,3 +104,17 @@ def erf_float32_of(value: np.float32) -> np.float32:
     out = np.empty(1, np.float32)
     erf_float32(np, np.array([value], np.float32), out)
     return out[0]
+
+
+def test_last_axis_softmax_matches_the_definition() -> None:
+    from asyncrt.ops._registry import lookup
+
+    rng = np.random.default_rng(5)
+    a = (rng.standard_normal((2, 3, 7, 33)) * 30).astype(np.float32)
+    a[0, 0, 0, :5] = -np.inf  # masked positions, as attention masks do
+    a[0, 0, 1, 3] = 80.0  # exp would overflow without the shift
+    out = np.full_like(a, np.nan)
+    lookup("softmax").make(np, {"axes": [3], "log": False})(a, out)
+    wide = a.astype(np.float64)
+    e = np.exp(wide - wide.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(axis=-1, keepdims=True), atol=1e-6)

@@ -1,0 +1,141 @@
+"""Stride-1 convolution through flat-plane im2col against a direct
+reference: groups, depthwise, dilations, uneven pads, 1x1, other ranks, and
+a batch split into chunks."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from asyncrt.ops import _im2col
+from asyncrt.ops._registry import lookup
+
+
+def _reference(
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray | None,
+    group: int,
+    pads: list[int],
+    dilations: list[int],
+) -> np.ndarray:
+    """Sum over every kernel offset, in float64."""
+    n, _, *spatial = x.shape
+    m, cg, *kernel = w.shape
+    rank = len(spatial)
+    width = [(0, 0), (0, 0), *zip(pads[:rank], pads[rank:], strict=True)]
+    xp = np.pad(x.astype(np.float64), width)
+    out_sp = [
+        s + pads[a] + pads[rank + a] - (kernel[a] - 1) * dilations[a]
+        for a, s in enumerate(spatial)
+    ]
+    out = np.zeros((n, m, *out_sp))
+    mg = m // group
+    for g in range(group):
+        xs = xp[:, g * cg : (g + 1) * cg]
+        ws = w[g * mg : (g + 1) * mg].astype(np.float64)
+        for pos in itertools.product(*(range(k) for k in kernel)):
+            sl = tuple(
+                slice(p * d, p * d + o)
+                for p, d, o in zip(pos, dilations, out_sp, strict=True)
+            )
+            patch = xs[(slice(None), slice(None), *sl)]
+            out[:, g * mg : (g + 1) * mg] += np.einsum(
+                "mc,nc...->nm...", ws[(slice(None), slice(None), *pos)], patch
+            )
+    if b is not None:
+        out += b.reshape(1, m, *(1,) * rank)
+    return out
+
+
+CASES = [
+    # (x shape, w shape, group, pads, dilations, bias)
+    ((2, 3, 16, 16), (8, 3, 3, 3), 1, [1, 1, 1, 1], [1, 1], True),
+    ((3, 8, 9, 7), (8, 1, 3, 3), 8, [1, 1, 1, 1], [1, 1], False),
+    ((2, 8, 9, 7), (16, 2, 3, 2), 4, [2, 0, 1, 1], [1, 1], True),
+    ((2, 4, 11, 10), (6, 4, 3, 3), 1, [0, 2, 1, 0], [2, 3], False),
+    ((2, 8, 6, 5), (4, 8, 1, 1), 1, [0, 0, 0, 0], [1, 1], True),
+    ((2, 8, 6, 5), (4, 8, 1, 1), 1, [1, 0, 0, 1], [1, 1], False),
+    ((2, 3, 20), (5, 3, 4), 1, [1, 2], [2], True),
+    ((1, 2, 5, 6, 4), (3, 2, 2, 3, 2), 1, [1, 0, 1, 0, 1, 0], [1, 1, 1], True),
+]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 23, 1])
+@pytest.mark.parametrize(("xs", "ws", "group", "pads", "dil", "bias"), CASES)
+def test_stride1_conv_matches_reference(
+    monkeypatch: pytest.MonkeyPatch,
+    chunk_bytes: int,
+    xs: tuple[int, ...],
+    ws: tuple[int, ...],
+    group: int,
+    pads: list[int],
+    dil: list[int],
+    bias: bool,
+) -> None:
+    monkeypatch.setattr(_im2col, "CHUNK_BYTES", chunk_bytes)  # 1: one per chunk
+    rng = np.random.default_rng(math.prod(xs))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32) if bias else None
+    rank = len(xs) - 2
+    kernel = lookup("conv").make(
+        np,
+        {
+            "kernel_shape": list(ws[2:]),
+            "strides": [1] * rank,
+            "dilations": dil,
+            "pads": pads,
+            "auto_pad": "NOTSET",
+            "group": group,
+            "bias": bias,
+        },
+    )
+    want = _reference(x, w, b, group, pads, dil)
+    out = np.full(want.shape, np.nan, np.float32)
+    kernel(x, w, *([b] if b is not None else []), out)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+POOLS = [
+    # (x shape, kernel, strides, pads, count_include_pad, out spatial)
+    ((2, 3, 8, 8), [3, 3], [2, 2], [1, 1, 1, 1], False, (4, 4)),
+    ((2, 3, 8, 8), [3, 3], [2, 2], [1, 1, 1, 1], True, (4, 4)),
+    ((1, 2, 7, 9), [2, 3], [2, 2], [0, 1, 0, 1], False, (4, 5)),  # ceil_mode
+    ((1, 2, 6, 6), [2, 2], [2, 2], [0, 0, 0, 0], False, (3, 3)),
+    ((1, 2, 10), [3], [1], [1, 1], True, (10,)),
+]
+
+
+@pytest.mark.parametrize(("xs", "k", "s", "pads", "count", "out_sp"), POOLS)
+def test_avg_pool_matrix_matches_window_folds(
+    monkeypatch: pytest.MonkeyPatch,
+    xs: tuple[int, ...],
+    k: list[int],
+    s: list[int],
+    pads: list[int],
+    count: bool,
+    out_sp: tuple[int, ...],
+) -> None:
+    from asyncrt.ops import nn
+
+    attrs = {
+        "kernel_shape": k,
+        "strides": s,
+        "dilations": [1] * len(k),
+        "pads": pads,
+        "auto_pad": "NOTSET",
+        "count_include_pad": count,
+    }
+    x = np.random.default_rng(3).standard_normal(xs).astype(np.float32)
+    results = []
+    for cells in (nn.POOL_MATRIX_CELLS, 0):  # the matrix, then the folds
+        monkeypatch.setattr(nn, "POOL_MATRIX_CELLS", cells)
+        out = np.full((*xs[:2], *out_sp), np.nan, np.float32)
+        lookup("avg_pool").make(np, attrs)(x, out)
+        results.append(out)
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-6, atol=1e-6)
+    assert np.isfinite(results[0]).all()
