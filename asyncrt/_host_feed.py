@@ -1,7 +1,9 @@
-"""Pre-bound host views of one run context, for ``run_sync(**inputs)``.
+"""Pre-bound host views of one run context, for ``run_sync(**inputs)`` and
+``await run(**inputs)``.
 
-``run_sync`` with inputs copies every input into the executor's own context
-and hands back a copy of every output. The general path (``set_input``, then
+A run with inputs copies every input into a run context (the executor's
+own, or a pooled one, in this process or a worker's I/O block) and hands
+back a copy of every output. The general path (``set_input``, then
 ``NDArray.copyto``) looks each name up, checks each value, and allocates
 each output through the device API: a few microseconds per tensor, which is
 most of a small graph's run. A :class:`HostFeed` does the lookups once per
@@ -24,6 +26,7 @@ from devices import Device, NDArray, from_dlpack
 from scheduler.dag import Entry
 
 from ._context import RunContext
+from ._process import ProcessContext
 
 __all__ = ("HostFeed",)
 
@@ -41,7 +44,7 @@ class HostFeed:
 
     def __init__(
         self,
-        context: RunContext,
+        context: RunContext | ProcessContext,
         names: Mapping[str, Entry],
         heads: Sequence[Entry],
         host: Device,

@@ -57,6 +57,7 @@ from that loop's tasks, or from a thread without a loop through
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -285,6 +286,10 @@ class GraphModule:
         self._generation = 0
         self._own: RunContext | None = None
         self._feed: HostFeed | None = None  # run_sync's views of self._own
+        # Pooled contexts' views, dropped with their contexts.
+        self._pooled_feeds: weakref.WeakKeyDictionary[_AnyContext, HostFeed] = (
+            weakref.WeakKeyDictionary()
+        )
         self._running = 0  # run() calls under way, waiting ones included
         self._drained: anyio.Event | None = None
         # Parameters read on other devices: copied there once, when loaded.
@@ -590,11 +595,17 @@ class GraphModule:
             context = await self._pool.acquire()
             try:
                 self._check_open()  # closed while this run waited for its turn
-                self._fill(context, checked)
+                feed = self._pooled_feed(context)
+                if not feed.fill(inputs):
+                    self._fill(context, checked)
                 # A failed, stopped or cancelled run drains its streams before
                 # raising, so the context is fit to lend again either way.
                 await self._run_program(context.program)
                 self._check_open()
+                if targets is None:
+                    outputs = feed.outputs()
+                    if outputs is not None:
+                        return outputs
                 return self._outputs(context, targets)
             finally:
                 self._release(context)
@@ -747,12 +758,22 @@ class GraphModule:
     def _host_feed(self) -> HostFeed:
         context = self._own_context()
         if self._feed is None or self._feed.context is not context:
-            names = {
-                name: Entry(nid, 0)
-                for name, nid in zip(self._input_names, self._input_nids, strict=True)
-            }
-            self._feed = HostFeed(context, names, self._heads, self.plan.host)
+            self._feed = self._new_feed(context)
         return self._feed
+
+    def _new_feed(self, context: _AnyContext) -> HostFeed:
+        names = {
+            name: Entry(nid, 0)
+            for name, nid in zip(self._input_names, self._input_nids, strict=True)
+        }
+        return HostFeed(context, names, self._heads, self.plan.host)
+
+    def _pooled_feed(self, context: _AnyContext) -> HostFeed:
+        """The host views of a pooled context, made on its first run."""
+        feed = self._pooled_feeds.get(context)
+        if feed is None:
+            feed = self._pooled_feeds[context] = self._new_feed(context)
+        return feed
 
     def get_output(self, index: int, out: NDArray | None = None) -> NDArray:
         """Output ``index`` of the last stateful run (TVM's ``get_output``).

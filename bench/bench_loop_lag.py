@@ -5,7 +5,7 @@ The protocol is the shared harness's (``../shared/bench/loop_lag.py``): a
 ticker coroutine sleeps 1 ms in a loop and records how late it wakes, while
 a burst of ``--requests`` requests (all started at once with
 ``asyncio.gather``) runs W3; each mode is repeated ``--rounds`` times and the
-lags pooled. Modes:
+lags pooled; within one child the modes take turns round by round. Modes:
 
 * ``idle``, ``direct``, ``executor``, ``run_async``: ONNX Runtime, measured by
   the shared harness itself in a child under ``$PEER_PY`` (it has
@@ -154,7 +154,20 @@ def child(a: argparse.Namespace) -> None:
         plan.append((f"{prefix}-c{n}", n, False))
         if a.uvloop:
             plan.append((f"{prefix}-c{n}-uvloop", n, True))
+    # Every executor is made and warmed first; then the modes take turns,
+    # round by round, so the machine's drift (a shared VM) spreads over all
+    # of them instead of favouring whichever ran in a quiet minute.
+    executors: dict[str, Any] = {}
+    runners: dict[str, Any] = {}
     for mode, contexts, use_uvloop in plan:
+        runner: Any = asyncio.run
+        if use_uvloop:
+            try:
+                import uvloop
+            except ImportError:
+                results[mode] = {"mode": mode, "error": "uvloop not installed"}
+                continue
+            runner = uvloop.run
         ex = graph_executor.create(
             graph,
             lib if len(lib) else None,
@@ -169,26 +182,21 @@ def child(a: argparse.Namespace) -> None:
         for _ in range(3):  # warm up: caches hot
             ex.run_sync(**feed)
         if a.processes and contexts:  # start every worker before measuring
-            runner_warm: Any = asyncio.run
-            runner_warm(_warm_pool(ex, feed, max(contexts, 1)))
-        runner: Any = asyncio.run
-        if use_uvloop:
-            try:
-                import uvloop
-            except ImportError:
-                results[mode] = {"mode": mode, "error": "uvloop not installed"}
-                ex.close()
+            runner(_warm_pool(ex, feed, max(contexts, 1)))
+        executors[mode], runners[mode] = ex, runner
+    rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in executors}
+    for _ in range(a.rounds):
+        for mode, _contexts, _uv in plan:
+            if mode not in executors:
                 continue
-            runner = uvloop.run
-        rounds = []
-        for _ in range(a.rounds):
-            target = None if contexts == 0 else ex
-            r = runner(scenario(target, feed, a.requests, idle_s=0.5))
+            target = None if mode.endswith("-idle") else executors[mode]
+            r = runners[mode](scenario(target, feed, a.requests, idle_s=0.5))
             out = r.pop("_out")
             if out is not None:
                 r["rel_err"] = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
-            rounds.append(r)
-        results[mode] = summarise(mode, rounds)
+            rounds[mode].append(r)
+    for mode, ex in executors.items():
+        results[mode] = summarise(mode, rounds[mode])
         results[mode]["contexts_made"] = ex.pool.size
         ex.close()
     print(MARK + json.dumps(results), flush=True)

@@ -18,15 +18,16 @@ from devices.errors import OutOfMemoryError
 
 #: An input whose first element exceeds this makes the kernels misbehave.
 TRIGGER = 10.0
-#: How long :func:`nap_relu` sleeps when triggered.
+#: The longest :func:`nap_relu` sleeps.
 NAP_SECONDS = 0.5
 
 
 @asyncrt.register_func("test_nap_relu", kinds=("cpu", "sim"))
 def nap_relu(x: Any, out: Any) -> None:
-    """ReLU; sleeps :data:`NAP_SECONDS` first when triggered."""
+    """ReLU; when triggered, first sleeps 10 ms per unit of ``x[0]`` above
+    :data:`TRIGGER`, at most :data:`NAP_SECONDS`."""
     if x[0] > TRIGGER:
-        time.sleep(NAP_SECONDS)
+        time.sleep(min(NAP_SECONDS, float(x[0] - TRIGGER) * 0.01))
     np.maximum(x, 0, out=out)
 
 

@@ -32,7 +32,7 @@ from ..process_kernels import NAP_SECONDS, TRIGGER
 
 N = 8
 KERNELS = ("tests.process_kernels",)
-TRIGGERED = np.full(N, TRIGGER + 1, dtype=np.float32)
+TRIGGERED = np.full(N, TRIGGER + 100, dtype=np.float32)  # naps the longest
 
 
 def graph(kernel: str) -> Graph:
@@ -174,6 +174,34 @@ async def test_cancelled_runs_drain_and_the_next_run_is_correct() -> None:
             x = rng.standard_normal(N).astype(np.float32)
             check(await ex.run(x=x), x)
         assert worker_pids() == pids  # cancelling never cost a worker
+
+
+@pytest.mark.anyio
+async def test_random_cancellations_never_lose_a_context_or_a_worker() -> None:
+    rng = np.random.default_rng(11)
+    async with make("test_nap_relu", max_contexts=2) as ex:
+        results: dict[int, Any] = {}
+
+        async def one(i: int, x: np.ndarray, timeout: float | None) -> None:
+            with anyio.move_on_after(timeout if timeout is not None else 60):
+                results[i] = (x, await ex.run(x=x))
+
+        for _ in range(12):
+            results.clear()
+            async with anyio.create_task_group() as group:
+                for i in range(4):
+                    x = rng.standard_normal(N).astype(np.float32)
+                    if rng.random() < 0.5:  # a nap of 1 to 30 ms
+                        x[0] = TRIGGER + rng.uniform(0.1, 3.0)
+                    cancel = rng.random() < 0.5
+                    timeout = rng.uniform(0, 0.02) if cancel else None
+                    group.start_soon(one, i, x, timeout)
+            for x, outs in results.values():
+                check(outs, x)
+            assert not ex.pool.lent and ex.pool.idle == ex.pool.size <= 2
+            assert len(worker_pids()) == ex.pool.size
+        x = np.linspace(-3, 3, N, dtype=np.float32)
+        check(await ex.run(x=x), x)
 
 
 @pytest.mark.anyio
