@@ -1,5 +1,6 @@
 """Soak: 10,000 concurrent runs (some cancelled) on one executor keep the
-thread count constant and memory flat, and every answer right.
+thread count constant (and the worker processes, for a process-backed one)
+and memory flat, and every answer right.
 
 It runs in the default suite (a few seconds per event loop); the ``slow``
 marker only lets a quick local run skip it with ``-m "not slow"``.
@@ -19,6 +20,7 @@ import pytest
 from asyncrt.graph_executor import GraphModule
 
 from .test_executor import C, N, W, make, reference
+from .test_processes import worker_pids
 
 RUNS = 10_000
 WARM_UP = 1_000
@@ -75,11 +77,13 @@ async def soak(ex: GraphModule, runs: int, seed: int) -> int:
 @pytest.mark.timeout(180)
 @pytest.mark.anyio
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
-async def test_soak_threads_constant_memory_flat() -> None:
-    async with make("cpu", max_contexts=4) as ex:
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+async def test_soak_threads_constant_memory_flat(processes: bool) -> None:
+    async with make("cpu", max_contexts=4, processes=processes) as ex:
         await soak(ex, WARM_UP, seed=1)
         gc.collect()
         threads, rss = set(threading.enumerate()), rss_bytes()
+        workers = worker_pids()
         cancelled = await soak(ex, RUNS, seed=2)
         gc.collect()
         # No thread was added (threads of earlier tests may still wind down).
@@ -88,3 +92,4 @@ async def test_soak_threads_constant_memory_flat() -> None:
         assert growth < 0.05, f"RSS grew {growth:.1%} over {RUNS} runs"
         assert cancelled > 0  # the soak did exercise cancellation
         assert ex.pool.size <= 4 and ex.pool.idle == ex.pool.size
+        assert worker_pids() == workers  # no worker process died or was added
