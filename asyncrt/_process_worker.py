@@ -3,12 +3,17 @@
 Started as ``python -m asyncrt._process_worker SOCKET BLOCK SPEC`` (three
 file descriptors): it reads its :class:`~asyncrt._process_wire.WorkerSpec`,
 builds an ordinary executor from it (one run context: the stateful API),
-maps the I/O block, says ``READY`` and then serves runs one at a time on its own
-event loop. A run copies the inputs out of the block, awaits the executor's
-``run()`` and copies the outputs into the block. While a run is in flight
-the worker keeps reading the socket, so a ``CANCEL`` (or ``EXIT``) stops it
-through the executor's own cancellation: in-flight kernels drain, and the
-run answers ``CANCELLED``.
+maps the I/O block, says ``READY`` and then serves runs one at a time. A
+run copies the inputs out of the block, runs the executor and copies the
+outputs into the block.
+
+Runs are blocking ``run_sync()`` calls on the main thread (a one-stream cpu
+plan then runs on that thread itself, with no hop to a stream thread), while
+a reader thread owns the socket: a ``CANCEL`` (or ``EXIT``) stops the run in
+flight through the executor's own stop flags (in-flight kernels drain, the
+run answers ``CANCELLED``). A plan with coroutine kernels needs an event
+loop instead: the worker then serves on one, and cancels through a cancel
+scope.
 
 Every kernel, copy and wait of the graph happens here, on this process's
 threads and interpreter, so none of it holds the parent's GIL.
@@ -20,13 +25,16 @@ import importlib
 import mmap
 import os
 import pickle
+import queue
 import sys
+import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
 import anyio
 
 from devices import from_dlpack
+from devices.errors import ClosedResourceError
 
 from ._process_wire import (
     CANCEL,
@@ -77,7 +85,50 @@ class Worker:
         self.inputs = {s.name: s.view(block) for s in spec.layout.inputs}
         self.outputs = [from_dlpack(s.view(block)) for s in spec.layout.outputs]
 
-    async def serve(self) -> None:
+    def serve(self) -> None:
+        """Answer messages until ``EXIT`` or the parent goes away."""
+        if self.executor._own_context().program.needs_event_loop:
+            anyio.run(self.serve_async)
+            return
+        inbox: queue.SimpleQueue[str] = queue.SimpleQueue()
+        reader = threading.Thread(
+            target=self._read, args=(inbox,), name="asyncrt-worker-reader"
+        )
+        reader.start()
+        try:
+            while inbox.get() != EXIT:  # anything else is RUN
+                self.conn.send(self._run_sync())
+        finally:
+            reader.join()
+
+    def _read(self, inbox: queue.SimpleQueue[str]) -> None:
+        """The reader thread: CANCEL stops the run in flight at once; RUN and
+        EXIT go to the main thread, in order."""
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                message = EXIT  # the parent is gone
+            if message in (CANCEL, EXIT):
+                self.executor._stop_own_run()
+            if message != CANCEL:
+                inbox.put(message)
+            if message == EXIT:
+                return
+
+    def _run_sync(self) -> tuple[str, Any]:
+        try:
+            self.executor.set_input(**self.inputs)
+            self.executor.run_sync()
+            for index, target in enumerate(self.outputs):
+                self.executor.get_output(index, out=target)
+        except ClosedResourceError:  # stopped by the reader thread
+            return (CANCELLED, None)
+        except Exception as exc:
+            return (FAILED, encode_error(exc))
+        return (OK, None)
+
+    async def serve_async(self) -> None:
         """Answer messages until ``EXIT`` or the parent goes away."""
         fd = self.conn.fileno()
         while True:
@@ -144,7 +195,7 @@ def main(argv: list[str]) -> None:
         conn.send((FAILED, encode_error(exc)))
         return
     conn.send((READY, os.getpid()))
-    anyio.run(worker.serve)
+    worker.serve()
 
 
 if __name__ == "__main__":

@@ -755,6 +755,14 @@ class GraphModule:
             return [self._copy_out(context.output(e)) for e in self._heads]
         return outputs
 
+    def _stop_own_run(self) -> None:
+        """Stop the stateful run in flight, if any (thread-safe: it only
+        raises the program's stop flags); it raises
+        :class:`ClosedResourceError` once drained. A process worker's reader
+        thread cancels runs this way."""
+        if self._own is not None:
+            self._own.program.stop()
+
     def _host_feed(self) -> HostFeed:
         context = self._own_context()
         if self._feed is None or self._feed.context is not context:

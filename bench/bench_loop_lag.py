@@ -100,8 +100,41 @@ async def scenario(
         "latency_p50_ms": pct(lat, 50) * 1e3 if lat else None,
         "ticks_expected": int(wall / PERIOD),
         "lags_ms": [x * 1e3 for x in lags],
-        "_out": res[0][1][0].numpy() if res else None,
+        "_out": _host(res[0][1][0]) if res else None,
     }
+
+
+def _host(array: Any) -> Any:
+    """A numpy copy of an output (asyncrt's NDArray or ORT's numpy array)."""
+    return array.numpy() if hasattr(array, "numpy") else array
+
+
+class OrtExecutor:
+    """ONNX Runtime through ``run_in_executor`` (the harness's ``executor``
+    mode), with ``run(**feed)`` like an executor, so its rounds interleave
+    with asyncrt's in one process."""
+
+    def __init__(self, sess: Any) -> None:
+        self.sess = sess
+
+    async def run(self, **feed: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.sess.run, None, feed)
+
+    def close(self) -> None:
+        pass
+
+
+def _ort_session(wl: Any) -> Any:
+    """W3 in an ONNX Runtime session as the harness makes it, or None if
+    onnxruntime is not installed here."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    return ort.InferenceSession(
+        wl.to_onnx().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
 
 
 def summarise(mode: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -148,18 +181,25 @@ def child(a: argparse.Namespace) -> None:
     ref = wl.floor_outputs()[0]
     graph, lib, params = to_asyncrt(wl, workloads)
     results: dict[str, Any] = {}
-    prefix = "asyncrt-proc" if a.processes else "asyncrt"
-    plan = [(f"{prefix}-idle", 0, False)]
-    for n in [int(c) for c in a.contexts.split(",") if c]:
-        plan.append((f"{prefix}-c{n}", n, False))
-        if a.uvloop:
-            plan.append((f"{prefix}-c{n}-uvloop", n, True))
+    suffix = "" if a.kernel_threads == "auto" else f"-{a.kernel_threads}"
+    env_suffix = "".join("-" + item.split("=", 1)[1] for item in a.worker_env)
+    # (mode, contexts, uvloop, where the contexts live)
+    plan: list[tuple[str, int, bool, str]] = [("asyncrt-idle" + suffix, 0, False, "")]
+    if "ort" in a.run_in.split(","):
+        plan.append(("ort-executor-here", 1, False, "ort"))
+    for run_in in [r for r in a.run_in.split(",") if r != "ort"]:
+        prefix = "asyncrt" if run_in == "thread" else "asyncrt-proc"
+        tail = suffix + (env_suffix if run_in == "process+env" else "")
+        for n in [int(c) for c in a.contexts.split(",") if c]:
+            plan.append((f"{prefix}-c{n}{tail}", n, False, run_in))
+            if a.uvloop:
+                plan.append((f"{prefix}-c{n}-uvloop{tail}", n, True, run_in))
     # Every executor is made and warmed first; then the modes take turns,
     # round by round, so the machine's drift (a shared VM) spreads over all
     # of them instead of favouring whichever ran in a quiet minute.
     executors: dict[str, Any] = {}
     runners: dict[str, Any] = {}
-    for mode, contexts, use_uvloop in plan:
+    for mode, contexts, use_uvloop, run_in in plan:
         runner: Any = asyncio.run
         if use_uvloop:
             try:
@@ -168,28 +208,40 @@ def child(a: argparse.Namespace) -> None:
                 results[mode] = {"mode": mode, "error": "uvloop not installed"}
                 continue
             runner = uvloop.run
+        if run_in == "ort":
+            sess = _ort_session(wl)
+            if sess is None:
+                results[mode] = {"mode": mode, "error": "onnxruntime not installed"}
+                continue
+            executors[mode], runners[mode] = OrtExecutor(sess), runner
+            continue
+        processes = run_in.startswith("process") and contexts > 0
         ex = graph_executor.create(
             graph,
             lib if len(lib) else None,
             "cpu",
             max_contexts=max(contexts, 1),
             kernel_threads=_kernel_threads(a.kernel_threads),
-            processes=a.processes and contexts > 0,
-            worker_nice=a.worker_nice if a.processes else 0,
-            worker_env=dict(e.split("=", 1) for e in a.worker_env),
+            processes=processes,
+            worker_nice=a.worker_nice if processes else 0,
+            worker_env=(
+                dict(e.split("=", 1) for e in a.worker_env)
+                if run_in == "process+env"
+                else None
+            ),
         )
         ex.load_params(params)
         for _ in range(3):  # warm up: caches hot
             ex.run_sync(**feed)
-        if a.processes and contexts:  # start every worker before measuring
-            runner(_warm_pool(ex, feed, max(contexts, 1)))
+        if processes:  # start every worker before measuring
+            runner(_warm_pool(ex, feed, contexts))
         executors[mode], runners[mode] = ex, runner
     rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in executors}
     for _ in range(a.rounds):
-        for mode, _contexts, _uv in plan:
+        for mode, contexts, _uv, _where in plan:
             if mode not in executors:
                 continue
-            target = None if mode.endswith("-idle") else executors[mode]
+            target = executors[mode] if contexts else None
             r = runners[mode](scenario(target, feed, a.requests, idle_s=0.5))
             out = r.pop("_out")
             if out is not None:
@@ -197,7 +249,8 @@ def child(a: argparse.Namespace) -> None:
             rounds[mode].append(r)
     for mode, ex in executors.items():
         results[mode] = summarise(mode, rounds[mode])
-        results[mode]["contexts_made"] = ex.pool.size
+        if hasattr(ex, "pool"):
+            results[mode]["contexts_made"] = ex.pool.size
         ex.close()
     print(MARK + json.dumps(results), flush=True)
 
@@ -235,18 +288,12 @@ def run_ort(a: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def run_asyncrt(
-    a: argparse.Namespace, kernel_threads: str, run_in: str
-) -> dict[str, Any]:
-    """The asyncrt modes in a child whose executors take ``kernel_threads``
+def run_asyncrt(a: argparse.Namespace, kernel_threads: str) -> dict[str, Any]:
+    """The asyncrt modes in one child whose executors take ``kernel_threads``
     (``"auto"``: one run's latency first; ``"throughput"``: pools sized for
-    ``max_contexts`` concurrent runs; or a number), with run contexts in
-    worker processes for ``run_in`` "process" (and with ``--worker-env`` set
-    in them for "process+env")."""
-    env = dict(os.environ)
-    suffix = "" if kernel_threads == "auto" else f"-{kernel_threads}"
-    if run_in == "process+env":
-        suffix += "-" + "-".join(item.split("=", 1)[1] for item in a.worker_env)
+    ``max_contexts`` concurrent runs; or a number), for every ``--run-in``
+    (``ort`` is ONNX Runtime through ``run_in_executor`` in that same child,
+    interleaved with the rest)."""
     cmd = [
         sys.executable,
         __file__,
@@ -261,21 +308,22 @@ def run_asyncrt(
         str(a.peers_dir),
         "--kernel-threads",
         kernel_threads,
+        "--run-in",
+        a.run_in,
+        "--worker-nice",
+        str(a.worker_nice),
     ]
+    for item in a.worker_env:
+        cmd += ["--worker-env", item]
     if not a.uvloop:
         cmd.append("--no-uvloop")
-    if run_in.startswith("process"):
-        cmd += ["--processes", "--worker-nice", str(a.worker_nice)]
-    if run_in == "process+env":
-        for item in a.worker_env:
-            cmd += ["--worker-env", item]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
     for line in p.stdout.splitlines():
         if line.startswith(MARK):
             result: dict[str, Any] = json.loads(line[len(MARK) :])
-            return {f"{mode}{suffix}": r for mode, r in result.items()}
+            return result
     tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
-    return {f"asyncrt{suffix}": {"mode": "asyncrt", "error": " | ".join(tail)}}
+    return {f"asyncrt-{kernel_threads}": {"mode": "asyncrt", "error": " | ".join(tail)}}
 
 
 def table(results: dict[str, Any]) -> str:
@@ -303,15 +351,22 @@ def table(results: dict[str, Any]) -> str:
 
 
 def verdict(results: dict[str, Any]) -> list[str]:
+    """Each asyncrt mode against the targets: lag p99 within 1 ms of idle
+    (the ORT child's, and the one measured in its own process, interleaved),
+    throughput at least ONNX Runtime's through ``run_in_executor`` (the one
+    interleaved in the same process where there is one, else the ORT
+    child's)."""
     notes = []
     idle = results.get("idle", {})
-    executor = results.get("executor", {})
+    executor = results.get("ort-executor-here") or results.get("executor", {})
+    idles = sorted((k for k in results if k.startswith("asyncrt-idle")), key=len)
     for mode, s in results.items():
-        if not re.match(r"^asyncrt(-proc)?-c\d", mode) or "error" in s:
+        parts = re.match(r"^asyncrt(?:-proc)?-c\d+(?:-uvloop)?(.*)$", mode)
+        if parts is None or "error" in s:
             continue
-        parts = re.match(r"^(asyncrt(?:-proc)?)-c\d+(?:-uvloop)?(.*)$", mode)
-        prefix, suffix = parts.groups() if parts else ("asyncrt", "")
-        local_idle = results.get(f"{prefix}-idle{suffix}", {})
+        tail = parts.group(1)
+        local = [k for k in idles if tail.startswith(k[len("asyncrt-idle") :])]
+        local_idle = results[local[-1]] if local else {}
         for name, base in (("idle (ORT child)", idle), ("asyncrt-idle", local_idle)):
             if "lag_p99_ms" in base:
                 gap = s["lag_p99_ms"] - base["lag_p99_ms"]
@@ -344,12 +399,13 @@ def main() -> None:
     )
     ap.add_argument(
         "--run-in",
-        default="thread,process",
-        help="where run contexts live, a comma list: 'thread' (kernels on "
-        "stream threads of this process), 'process' (processes=True) and/or "
-        "'process+env' (the same, with --worker-env in the workers)",
+        default="ort,thread,process",
+        help="the modes of the asyncrt child, a comma list: 'thread' "
+        "(kernels on stream threads of this process), 'process' "
+        "(processes=True), 'process+env' (the same, with --worker-env in the "
+        "workers) and 'ort' (ONNX Runtime via run_in_executor, if installed "
+        "here, interleaved with them)",
     )
-    ap.add_argument("--processes", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(
         "--worker-nice",
         type=int,
@@ -378,15 +434,14 @@ def main() -> None:
     t = time.perf_counter()
     results.update(run_ort(a))
     print(f"# ONNX Runtime modes done in {time.perf_counter() - t:.1f} s", flush=True)
-    for run_in in a.run_in.split(","):
-        for kernel_threads in a.kernel_threads.split(","):
-            t = time.perf_counter()
-            results.update(run_asyncrt(a, kernel_threads, run_in))
-            print(
-                f"# asyncrt modes ({run_in}, kernel_threads={kernel_threads}) "
-                f"done in {time.perf_counter() - t:.1f} s",
-                flush=True,
-            )
+    for kernel_threads in a.kernel_threads.split(","):
+        t = time.perf_counter()
+        results.update(run_asyncrt(a, kernel_threads))
+        print(
+            f"# asyncrt modes (kernel_threads={kernel_threads}) "
+            f"done in {time.perf_counter() - t:.1f} s",
+            flush=True,
+        )
     for line in results.pop("_header", []):
         print(line)
     print(f"# loadavg at end {os.getloadavg()}\n")

@@ -321,6 +321,12 @@ class Program:
             self._trace.end(completions)
         return completions
 
+    @property
+    def needs_event_loop(self) -> bool:
+        """Whether the plan has coroutine kernels (so only :meth:`run`, not
+        :meth:`run_sync`, can run it)."""
+        return self._has_async
+
     def launch(self) -> list[Completion]:
         """Issue the whole run without waiting; return one completion per
         stream. Only for programs without coroutine kernels.

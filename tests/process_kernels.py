@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 import numpy as np
 
 import asyncrt
@@ -44,4 +45,13 @@ def oom_relu(x: Any, out: Any) -> None:
     """ReLU; raises the device's out-of-memory error when triggered."""
     if x[0] > TRIGGER:
         raise OutOfMemoryError("cpu:0", 1 << 40, 1 << 20)
+    np.maximum(x, 0, out=out)
+
+
+@asyncrt.register_func("test_async_relu", kinds=("cpu",))
+async def async_relu(x: Any, out: Any) -> None:
+    """ReLU as a coroutine kernel (run on the worker's event loop); naps
+    like :func:`nap_relu` when triggered."""
+    if x[0] > TRIGGER:
+        await anyio.sleep(min(NAP_SECONDS, float(x[0] - TRIGGER) * 0.01))
     np.maximum(x, 0, out=out)

@@ -286,3 +286,16 @@ async def test_parameters_loaded_later_reach_new_workers() -> None:
         np.testing.assert_allclose(
             outs[1].numpy(), np.tanh(np.maximum(x, 0)) * C * 2, rtol=1e-6
         )
+
+
+@pytest.mark.anyio
+async def test_coroutine_kernels_run_on_the_workers_event_loop() -> None:
+    async with make("test_async_relu", max_contexts=1) as ex:
+        x = np.linspace(-1, 1, N, dtype=np.float32)
+        check(await ex.run(x=x), x)
+        pids = worker_pids()
+        with anyio.move_on_after(0.05) as scope:
+            await ex.run(x=TRIGGERED)  # naps 0.5 s on the worker's loop
+        assert scope.cancelled_caught
+        check(await ex.run(x=x), x)
+        assert worker_pids() == pids
