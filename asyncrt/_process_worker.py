@@ -21,6 +21,7 @@ threads and interpreter, so none of it holds the parent's GIL.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import mmap
 import os
@@ -29,6 +30,7 @@ import queue
 import sys
 import threading
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -179,6 +181,23 @@ class Worker:
         return (reply if reply is not None else (CANCELLED, None)), leave
 
 
+def renice(increment: int) -> None:
+    """Add ``increment`` to the niceness of every thread of this process.
+
+    On Linux niceness is per thread, and importing numpy already started
+    BLAS threads: each gets it (threads started later inherit it from the
+    main thread). Elsewhere it is the process's.
+    """
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():  # pragma: no cover - not Linux
+        os.nice(increment)
+        return
+    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + increment)
+    for task in tasks.iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended
+            os.setpriority(os.PRIO_PROCESS, int(task.name), target)
+
+
 def main(argv: list[str]) -> None:
     """Entry point: ``argv`` is ``[socket_fd, block_fd, spec_fd]``."""
     conn = Connection(int(argv[0]))
@@ -187,7 +206,7 @@ def main(argv: list[str]) -> None:
         with os.fdopen(spec_fd, "rb") as spec_file:
             spec: WorkerSpec = pickle.load(spec_file)  # from our own parent
         if spec.nice:
-            os.nice(spec.nice)
+            renice(spec.nice)
         block = mmap.mmap(block_fd, spec.layout.nbytes)
         os.close(block_fd)
         worker = Worker(conn, spec, block)

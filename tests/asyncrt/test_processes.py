@@ -299,3 +299,21 @@ async def test_coroutine_kernels_run_on_the_workers_event_loop() -> None:
         assert scope.cancelled_caught
         check(await ex.run(x=x), x)
         assert worker_pids() == pids
+
+
+def thread_niceness(pid: int) -> set[int]:
+    """The niceness of every thread of process ``pid`` (Linux /proc)."""
+    values = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        values.add(int(fields[16]))  # field 19 of stat, counted after comm
+    return values
+
+
+@pytest.mark.anyio
+async def test_worker_nice_applies_to_every_worker_thread() -> None:
+    async with make(max_contexts=1, worker_nice=5) as ex:
+        x = np.ones(N, dtype=np.float32)
+        check(await ex.run(x=x), x)
+        (pid,) = worker_pids()
+        assert thread_niceness(pid) == {os.getpriority(os.PRIO_PROCESS, 0) + 5}
