@@ -130,15 +130,20 @@ class Worker:
             return (FAILED, encode_error(exc))
         return (OK, None)
 
+    async def _next_message(self) -> str:
+        """The parent's next message, awaited on the event loop (``EXIT``
+        if the parent is gone)."""
+        await anyio.wait_readable(self.conn.fileno())
+        try:
+            message: str = self.conn.recv()
+        except (EOFError, OSError):
+            return EXIT
+        return message
+
     async def serve_async(self) -> None:
         """Answer messages until ``EXIT`` or the parent goes away."""
-        fd = self.conn.fileno()
         while True:
-            await anyio.wait_readable(fd)
-            try:
-                message = self.conn.recv()
-            except (EOFError, OSError):
-                return
+            message = await self._next_message()
             if message == EXIT:
                 return
             if message == RUN:
@@ -155,13 +160,8 @@ class Worker:
 
         async def watch(scope: anyio.CancelScope) -> None:
             nonlocal leave
-            fd = self.conn.fileno()
             while True:
-                await anyio.wait_readable(fd)
-                try:
-                    message = self.conn.recv()
-                except (EOFError, OSError):
-                    message = EXIT
+                message = await self._next_message()
                 if message in (CANCEL, EXIT):
                     leave = message == EXIT
                     scope.cancel()

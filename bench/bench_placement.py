@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import networkx as nx
 
@@ -161,21 +162,7 @@ def saga_heft() -> Callable[[Instance], float] | None:
     except ImportError:
         return None
     logging.getLogger().setLevel(logging.ERROR)
-    scheduler = HeftScheduler()
-
-    def run(inst: Instance) -> float:
-        names = [str(d) for d in DEVICES]
-        network = Network.create(
-            [(nm, s) for nm, s in zip(names, inst.speeds, strict=True)],
-            [(a, b, 1.0) for a in names for b in names if a < b],
-        )
-        graph = TaskGraph.create(
-            [(f"t{i}", w) for i, w in enumerate(inst.work)],
-            [(f"t{u}", f"t{t}", float(b)) for (u, t), b in inst.edges.items()],
-        )
-        return float(scheduler.schedule(network, graph).makespan)
-
-    return run
+    return _saga_runner(HeftScheduler(), Network, TaskGraph)
 
 
 def saga_peft(path: str) -> Callable[[Instance], float]:
@@ -189,15 +176,21 @@ def saga_peft(path: str) -> Callable[[Instance], float]:
         raise SystemExit(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    scheduler = module.PEFTScheduler()
+    return _saga_runner(module.PEFTScheduler(), Network, TaskGraph)
+
+
+def _saga_runner(
+    scheduler: Any, network_type: Any, graph_type: Any
+) -> Callable[[Instance], float]:
+    """A saga scheduler as a function from an instance to its makespan."""
 
     def run(inst: Instance) -> float:
         names = [str(d) for d in DEVICES]
-        network = Network.create(
+        network = network_type.create(
             [(nm, s) for nm, s in zip(names, inst.speeds, strict=True)],
             [(a, b, 1.0) for a in names for b in names if a < b],
         )
-        graph = TaskGraph.create(
+        graph = graph_type.create(
             [(f"t{i}", w) for i, w in enumerate(inst.work)],
             [(f"t{u}", f"t{t}", float(b)) for (u, t), b in inst.edges.items()],
         )
