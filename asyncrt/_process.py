@@ -102,29 +102,46 @@ class ProcessProgram:
     def __init__(self, context: ProcessContext) -> None:
         self._context = context
         self._halted = False
+        self._wait: anyio.CancelScope | None = None  # around a run's answer
 
     async def run(self) -> None:
         """Run once in the worker, with the inputs already in the block.
 
+        Every run is numbered, and its answer carries the number: an answer
+        to an earlier run can never be taken for this one's.
+
         :raises NodeFailedError: if a kernel failed (the worker's error,
             rebuilt with its node, op, device, stream and cause).
-        :raises WorkerError: if the worker died or could not start.
+        :raises WorkerError: if the worker died or could not start, or did
+            not drain a cancelled run within :data:`EXIT_TIMEOUT` seconds
+            (it is killed).
         :raises ClosedResourceError: if :meth:`stop` stopped the run.
         """
         context = self._context
         self._halted = False
         await context.ready()
-        context.send(RUN)
+        run = context.send_run()
+        wait = self._wait = anyio.CancelScope()
         try:
-            kind, data = await context.receive()
+            with wait:
+                kind, data = await context.answer(run)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                context.send(CANCEL)
-                # The run drains in the worker; if the worker died meanwhile,
-                # the context is dropped anyway.
-                with contextlib.suppress(WorkerError):
-                    await context.receive()
+                await context.cancel(run)
             raise
+        except BaseException:
+            # Interrupted some other way: the answer was not read, so the
+            # context must never serve another run (it is dropped).
+            context.broken = True
+            raise
+        finally:
+            self._wait = None
+        if wait.cancelled_caught:  # stopped, and the grace ran out
+            context.kill()
+            raise ClosedResourceError(
+                f"the run was stopped; {context.describe()} did not drain "
+                f"within {EXIT_TIMEOUT} s and was killed"
+            )
         if kind == OK:
             return
         if kind == FAILED:
@@ -137,9 +154,13 @@ class ProcessProgram:
 
     def stop(self) -> None:
         """Stop the run in flight, if any (from the event loop): it drains
-        and raises :class:`ClosedResourceError`."""
+        and raises :class:`ClosedResourceError`; a worker that has not
+        drained within :data:`EXIT_TIMEOUT` seconds is killed."""
         self._halted = True
-        self._context.send(CANCEL)
+        self._context.send_cancel()
+        if self._wait is not None:
+            with contextlib.suppress(RuntimeError):  # no event loop here
+                self._wait.deadline = anyio.current_time() + EXIT_TIMEOUT
 
     def close(self) -> None:
         """Close the context (as :meth:`ProcessContext.close`)."""
@@ -154,7 +175,7 @@ class ProcessContext:
     :param inputs: the entry of each caller-given input, by name.
     :param heads: the graph's outputs, in order.
     :param nbytes: the device bytes the worker's context costs (for the
-        pool's memory budget).
+        pool's memory budget; the I/O block is host memory and not counted).
     :param env: environment variables to set in the worker (on top of this
         process's).
     :raises WorkerError: if the worker process cannot be started.
@@ -168,27 +189,34 @@ class ProcessContext:
         nbytes: int,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        self.nbytes = nbytes + spec.layout.nbytes
+        self.nbytes = nbytes  # the block is host memory, not a device's
         self.generation = 0
         self.broken = False
         self.is_set: set[Entry] = set()
         self._closed = False
         self._pid: int | None = None
+        self._runs = 0  # the number of the latest run asked for
         block_fd = _anonymous_file(size=spec.layout.nbytes)
         spec_fd = _anonymous_file(pickle.dumps(spec))
         ours, theirs = socket.socketpair()
+        self._block = mmap.mmap(block_fd, spec.layout.nbytes)
         try:
-            self._block = mmap.mmap(block_fd, spec.layout.nbytes)
             fds = (theirs.fileno(), block_fd, spec_fd)
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "asyncrt._process_worker", *map(str, fds)],
                 pass_fds=fds,
                 env=_worker_env(env or {}),
                 stdin=subprocess.DEVNULL,
+                # Its own session: a terminal's Ctrl-C goes to this process
+                # only, which then closes the worker.
+                start_new_session=True,
             )
-        except OSError as exc:
+        except BaseException as exc:
             ours.close()
-            raise WorkerError(f"cannot start a worker process: {exc}") from exc
+            self._block.close()
+            if isinstance(exc, (OSError, ValueError)):
+                raise WorkerError(f"cannot start a worker process: {exc}") from exc
+            raise
         finally:
             theirs.close()
             os.close(block_fd)
@@ -233,9 +261,9 @@ class ProcessContext:
         if self.broken:
             raise WorkerError(f"{self.describe()} is gone")
         try:
-            kind, data = await self.receive()
-        except anyio.get_cancelled_exc_class():
-            self.broken = True  # its READY would answer our next RUN
+            kind, _, data = await self.receive()
+        except BaseException:
+            self.broken = True  # not ready: dropped, and killed on close
             raise
         if kind == READY:
             self._pid = int(data)
@@ -244,21 +272,59 @@ class ProcessContext:
         cause = decode_error(data, self.describe())
         raise WorkerError(f"{self.describe()} could not start: {cause}") from cause
 
-    def send(self, message: str) -> None:
+    def send_run(self) -> int:
+        """Ask the worker for a run; return the run's number."""
+        self._runs += 1
+        self._send((RUN, self._runs))
+        return self._runs
+
+    def send_cancel(self) -> None:
+        """Cancel the latest run, if it is still in flight."""
+        self._send((CANCEL, self._runs))
+
+    async def cancel(self, run: int) -> None:
+        """Cancel ``run`` and wait until it has drained in the worker; a
+        worker that takes longer than :data:`EXIT_TIMEOUT` seconds (a kernel
+        that never returns) is killed."""
+        self._send((CANCEL, run))
+        with anyio.move_on_after(EXIT_TIMEOUT) as drain:
+            with contextlib.suppress(WorkerError):  # it died: dropped anyway
+                await self.answer(run)
+        if drain.cancelled_caught:
+            self.kill()
+
+    def kill(self) -> None:
+        """Kill the worker (it hangs, or cannot be trusted): the context is
+        dropped when it comes back to the pool."""
+        self.broken = True
+        self._proc.kill()
+
+    async def answer(self, run: int) -> tuple[str, Any]:
+        """The worker's answer to ``run`` (answers to earlier runs, which a
+        cancelled caller never read, are skipped).
+
+        :raises WorkerError: if the worker exited.
+        """
+        while True:
+            kind, number, data = await self.receive()
+            if number == run:
+                return kind, data
+
+    def _send(self, message: tuple[str, int]) -> None:
         """Send a message; a worker that has gone is noticed on receive."""
         try:
             self._conn.send(message)
         except OSError:
             self.broken = True
 
-    async def receive(self) -> tuple[str, Any]:
+    async def receive(self) -> tuple[str, int, Any]:
         """The worker's next message, awaited without blocking the loop.
 
         :raises WorkerError: if the worker exited.
         """
         try:
             await anyio.wait_readable(self._conn.fileno())
-            message: tuple[str, Any] = self._conn.recv()
+            message: tuple[str, int, Any] = self._conn.recv()
         except (EOFError, OSError) as exc:
             self.broken = True
             try:  # its socket closed: the process is exiting, if not gone
@@ -277,7 +343,10 @@ class ProcessContext:
         if self._closed:
             return
         self._closed = True
-        self.send(EXIT)
+        if self._pid is None or self.broken:
+            self._proc.kill()  # still starting, or not to be trusted
+        else:
+            self._send((EXIT, self._runs))
         self._conn.close()
         try:
             self._proc.wait(EXIT_TIMEOUT)

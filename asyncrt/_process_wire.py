@@ -11,21 +11,28 @@ run context in a worker process of its own (:mod:`asyncrt._process`,
   every graph input the caller gives and every output (:class:`IoLayout`);
   inputs and outputs cross as plain memory copies, never through the pipe;
 * small messages over a socket pair (``multiprocessing``'s framing): the
-  parent sends :data:`RUN`, :data:`CANCEL` or :data:`EXIT`; the worker
-  answers each run exactly once with :data:`OK`, :data:`FAILED` or
-  :data:`CANCELLED`, and says :data:`READY` (or :data:`FAILED`) once built.
+  parent sends ``(kind, run)`` with :data:`RUN`, :data:`CANCEL` or
+  :data:`EXIT`; the worker answers each run exactly once with ``(kind, run,
+  data)``, :data:`OK`, :data:`FAILED` or :data:`CANCELLED`, and says
+  :data:`READY` (or :data:`FAILED`) once built. Runs are numbered, so an
+  answer the parent never read (a cancelled caller's) cannot be taken for a
+  later run's.
 
-Errors cross as data, not as pickled exception objects (asyncrt's errors
-have keyword fields that pickle cannot rebuild): :func:`encode_error` turns
-an exception into a dict and :func:`decode_error` builds an equivalent one,
-keeping the node, op, device and stream of a :class:`NodeFailedError`, the
-fields of an :class:`OutOfMemoryError` and, for anything else, the type
-name, message and traceback as text (:class:`~asyncrt.errors.RemoteError`).
+Errors cross as data (asyncrt's errors have keyword fields that pickle
+cannot rebuild): :func:`encode_error` turns an exception into a dict and
+:func:`decode_error` builds an equivalent one, keeping the node, op, device
+and stream of a :class:`NodeFailedError`, the fields of an
+:class:`OutOfMemoryError` and, for anything else, the exception itself
+where it pickles and unpickles cleanly (a ``ValueError``, say), else its
+type name, message and traceback as text
+(:class:`~asyncrt.errors.RemoteError`). The worker's traceback text travels
+either way, as a note on the rebuilt exception.
 """
 
 from __future__ import annotations
 
 import pickle
+import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +58,7 @@ __all__ = (
     "RUN",
     "Given",
     "IoLayout",
+    "Message",
     "Slot",
     "WorkerSpec",
     "decode_error",
@@ -66,6 +74,10 @@ READY = "ready"
 OK = "ok"
 FAILED = "failed"
 CANCELLED = "cancelled"
+
+#: A message to a worker: its kind and the run it is about (every run is
+#: numbered, and the worker's answer carries the number).
+Message = tuple[str, int]
 
 #: Slots start on cache-line boundaries.
 ALIGN = 64
@@ -206,7 +218,7 @@ def _plain(exc: BaseException) -> dict[str, Any]:
 
 def decode_error(data: Mapping[str, Any], worker: str) -> BaseException:
     """The exception :func:`encode_error` described, raised in ``worker``
-    (a description such as ``"worker pid 123"``)."""
+    (a description such as ``"worker process 123"``)."""
     if data["kind"] == "node":
         error = NodeFailedError(
             data["node"], data["op"], data["device"], data["stream"]
@@ -217,8 +229,13 @@ def decode_error(data: Mapping[str, Any], worker: str) -> BaseException:
     if data["kind"] == "oom":
         return OutOfMemoryError(data["device"], data["requested"], data["available"])
     if data["pickled"] is not None:
-        rebuilt = pickle.loads(data["pickled"])
+        try:  # from our own worker, over our own socket
+            rebuilt = pickle.loads(data["pickled"])
+        except Exception:
+            rebuilt = None  # fall back to the text
         if isinstance(rebuilt, BaseException):
+            if sys.version_info >= (3, 11):  # notes are new in 3.11
+                rebuilt.add_note(f"raised in {worker}:\n{data['traceback']}")
             return rebuilt
     return RemoteError(
         f"{data['type']}: {data['message']}",

@@ -27,8 +27,10 @@ import mmap
 import os
 import pickle
 import queue
+import signal
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ from ._process_wire import (
     READY,
     RUN,
     Given,
+    Message,
     WorkerSpec,
     encode_error,
 )
@@ -92,78 +95,95 @@ class Worker:
         if self.executor._own_context().program.needs_event_loop:
             anyio.run(self.serve_async)
             return
-        inbox: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._running = 0  # the run the main thread is in, 0 between runs
+        self._cancelled = 0  # the latest run the parent cancelled
+        inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         reader = threading.Thread(
-            target=self._read, args=(inbox,), name="asyncrt-worker-reader"
+            target=self._read, args=(inbox,), name="asyncrt-worker-reader", daemon=True
         )
         reader.start()
-        try:
-            while inbox.get() != EXIT:  # anything else is RUN
-                self.conn.send(self._run_sync())
-        finally:
-            reader.join()
+        while True:
+            kind, run = inbox.get()
+            if kind == EXIT:
+                return
+            self.conn.send(self._run_sync(run))
 
-    def _read(self, inbox: queue.SimpleQueue[str]) -> None:
-        """The reader thread: CANCEL stops the run in flight at once; RUN and
-        EXIT go to the main thread, in order."""
+    def _read(self, inbox: queue.SimpleQueue[Message]) -> None:
+        """The reader thread: a CANCEL stops its run at once; RUN and EXIT go
+        to the main thread, in order."""
         while True:
             try:
-                message = self.conn.recv()
+                kind, run = self.conn.recv()
             except (EOFError, OSError):
-                message = EXIT  # the parent is gone
-            if message in (CANCEL, EXIT):
-                self.executor._stop_own_run()
-            if message != CANCEL:
-                inbox.put(message)
-            if message == EXIT:
+                kind, run = EXIT, self._running  # the parent is gone
+            if kind in (CANCEL, EXIT):
+                self._cancel(run)
+            if kind != CANCEL:
+                inbox.put((kind, run))
+            if kind == EXIT:
                 return
 
-    def _run_sync(self) -> tuple[str, Any]:
+    def _cancel(self, run: int) -> None:
+        """Stop ``run``: whether it has not started yet (the main thread
+        sees ``_cancelled`` first), is starting (a run clears the stop flags
+        as it starts, so they are raised again until it ends) or runs."""
+        self._cancelled = max(self._cancelled, run)
+        while run and self._running == run:
+            self.executor._stop_own_run()
+            time.sleep(0.001)
+
+    def _run_sync(self, run: int) -> tuple[str, int, Any]:
+        self._running = run  # before looking at _cancelled: see _cancel
         try:
+            if self._cancelled >= run:
+                return (CANCELLED, run, None)
             self.executor.set_input(**self.inputs)
             self.executor.run_sync()
             for index, target in enumerate(self.outputs):
                 self.executor.get_output(index, out=target)
         except ClosedResourceError:  # stopped by the reader thread
-            return (CANCELLED, None)
+            return (CANCELLED, run, None)
         except Exception as exc:
-            return (FAILED, encode_error(exc))
-        return (OK, None)
+            return (FAILED, run, encode_error(exc))
+        finally:
+            self._running = 0
+        return (OK, run, None)
 
-    async def _next_message(self) -> str:
+    async def _next_message(self) -> Message:
         """The parent's next message, awaited on the event loop (``EXIT``
         if the parent is gone)."""
         await anyio.wait_readable(self.conn.fileno())
         try:
-            message: str = self.conn.recv()
+            message: Message = self.conn.recv()
         except (EOFError, OSError):
-            return EXIT
+            return (EXIT, 0)
         return message
 
     async def serve_async(self) -> None:
-        """Answer messages until ``EXIT`` or the parent goes away."""
+        """Answer messages until ``EXIT`` or the parent goes away (plans with
+        coroutine kernels)."""
         while True:
-            message = await self._next_message()
-            if message == EXIT:
+            kind, run = await self._next_message()
+            if kind == EXIT:
                 return
-            if message == RUN:
-                reply, leave = await self._run()
+            if kind == RUN:
+                reply, leave = await self._run_async(run)
                 self.conn.send(reply)
                 if leave:
                     return
-            # CANCEL with no run in flight: that run has already answered.
+            # A CANCEL of a run that has already answered: nothing to do.
 
-    async def _run(self) -> tuple[tuple[str, Any], bool]:
+    async def _run_async(self, run: int) -> tuple[tuple[str, int, Any], bool]:
         """One run; returns the reply and whether ``EXIT`` arrived meanwhile."""
-        reply: tuple[str, Any] | None = None
+        reply: tuple[str, int, Any] | None = None
         leave = False
 
         async def watch(scope: anyio.CancelScope) -> None:
             nonlocal leave
             while True:
-                message = await self._next_message()
-                if message in (CANCEL, EXIT):
-                    leave = message == EXIT
+                kind, number = await self._next_message()
+                if kind == EXIT or (kind == CANCEL and number == run):
+                    leave = kind == EXIT
                     scope.cancel()
                     return
 
@@ -174,11 +194,11 @@ class Worker:
                 await self.executor.run()
                 for index, target in enumerate(self.outputs):
                     self.executor.get_output(index, out=target)
-                reply = (OK, None)
+                reply = (OK, run, None)
             except Exception as exc:
-                reply = (FAILED, encode_error(exc))
+                reply = (FAILED, run, encode_error(exc))
             group.cancel_scope.cancel()
-        return (reply if reply is not None else (CANCELLED, None)), leave
+        return (reply if reply is not None else (CANCELLED, run, None)), leave
 
 
 def renice(increment: int) -> None:
@@ -200,21 +220,33 @@ def renice(increment: int) -> None:
 
 def main(argv: list[str]) -> None:
     """Entry point: ``argv`` is ``[socket_fd, block_fd, spec_fd]``."""
+    # The parent decides when this process ends; a Ctrl-C meant for it
+    # must not tear a run apart here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(int(argv[0]))
     block_fd, spec_fd = int(argv[1]), int(argv[2])
     try:
-        with os.fdopen(spec_fd, "rb") as spec_file:
-            spec: WorkerSpec = pickle.load(spec_file)  # from our own parent
-        if spec.nice:
-            renice(spec.nice)
-        block = mmap.mmap(block_fd, spec.layout.nbytes)
-        os.close(block_fd)
-        worker = Worker(conn, spec, block)
-    except Exception as exc:
-        conn.send((FAILED, encode_error(exc)))
-        return
-    conn.send((READY, os.getpid()))
-    worker.serve()
+        try:
+            with os.fdopen(spec_fd, "rb") as spec_file:
+                spec: WorkerSpec = pickle.load(spec_file)  # from our own parent
+            if spec.nice:
+                renice(spec.nice)
+            block = mmap.mmap(block_fd, spec.layout.nbytes)
+            os.close(block_fd)
+            worker = Worker(conn, spec, block)
+        except Exception as exc:
+            conn.send((FAILED, 0, encode_error(exc)))
+            return
+        conn.send((READY, 0, os.getpid()))
+        worker.serve()
+    except OSError:
+        pass  # the parent went away (a broken pipe): nothing left to tell it
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # No interpreter teardown: the parent waits for this exit, and there
+        # is nothing to save (the executor's memory goes with the process).
+        os._exit(0)
 
 
 if __name__ == "__main__":

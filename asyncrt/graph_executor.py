@@ -161,7 +161,8 @@ def create(
         this process.
     :param worker_imports: modules each worker process imports before it
         builds its executor: where kernels registered with
-        :func:`~asyncrt.register_func` live.
+        :func:`~asyncrt.register_func` live (this process must have imported
+        them too, to plan the graph).
     :param worker_nice: niceness added to each worker process (0 to 19).
         A positive value lets the event loop's process preempt the workers
         at once when it wakes, which keeps event-loop lag low while the
@@ -467,7 +468,10 @@ class GraphModule:
             (target if target is not None else context.inputs[entry]).copyfrom(array)
             context.is_set.add(entry)
         if any(e in self._params for e, _ in checked):
-            self._copy_params()
+            if self._workers is not None:
+                self._rebind()  # workers hold their own copies: new workers
+            else:
+                self._copy_params()
 
     def get_input(self, key: int | str) -> NDArray:
         """The executor's own input array (TVM's ``get_input``)."""

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import asyncrt
+import asyncrt._process
 from asyncrt import graph_executor
 from asyncrt._process import ProcessContext
 from asyncrt.errors import (
@@ -317,3 +318,93 @@ async def test_worker_nice_applies_to_every_worker_thread() -> None:
         check(await ex.run(x=x), x)
         (pid,) = worker_pids()
         assert thread_niceness(pid) == {os.getpriority(os.PRIO_PROCESS, 0) + 5}
+
+
+class Interrupt(BaseException):
+    """Stands for an interruption that is not a cancellation (as trio
+    delivers ``KeyboardInterrupt`` at a checkpoint)."""
+
+
+@pytest.mark.anyio
+async def test_an_unread_answer_is_never_taken_for_a_later_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with make("test_nap_relu", max_contexts=1) as ex:
+        x = np.zeros(N, dtype=np.float32)
+        check(await ex.run(x=x), x)
+        receive = ProcessContext.receive
+
+        async def interrupted(self: ProcessContext) -> Any:
+            monkeypatch.setattr(ProcessContext, "receive", receive)
+            raise Interrupt
+
+        monkeypatch.setattr(ProcessContext, "receive", interrupted)
+        with pytest.raises(Interrupt):
+            await ex.run(x=TRIGGERED)  # its answer is never read
+        assert ex.pool.size == 0  # so its context was dropped
+        for value in (3.0, -2.0, 5.0):
+            x = np.full(N, value, dtype=np.float32)
+            check(await ex.run(x=x), x)
+
+
+@pytest.mark.anyio
+async def test_sigint_to_a_worker_leaves_its_run_alone() -> None:
+    async with make("test_nap_relu", max_contexts=1) as ex:
+        x = np.zeros(N, dtype=np.float32)
+        check(await ex.run(x=x), x)
+        (pid,) = worker_pids()
+
+        async def interrupt_when_lent() -> None:
+            while not ex.pool.lent:
+                await anyio.sleep(0)
+            os.kill(pid, signal.SIGINT)
+
+        x = TRIGGERED.copy()
+        async with anyio.create_task_group() as group:
+            group.start_soon(interrupt_when_lent)
+            check(await ex.run(x=x), x)
+        assert worker_pids() == {pid}
+
+
+@pytest.mark.anyio
+async def test_a_worker_that_does_not_drain_is_killed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(asyncrt._process, "EXIT_TIMEOUT", 0.1)
+    async with make("test_nap_relu", max_contexts=1) as ex:
+        x = np.zeros(N, dtype=np.float32)
+        check(await ex.run(x=x), x)
+        (old,) = worker_pids()
+        with anyio.move_on_after(0.02):  # cancelled mid-nap: 0.5 s to go
+            await ex.run(x=TRIGGERED)
+        assert ex.pool.size == 0  # killed after 0.1 s, and dropped
+        check(await ex.run(x=x), x)
+        assert old not in worker_pids()
+        # close() stops a run the same way, and kills what does not drain
+        errors: list[BaseException] = []
+
+        async def doomed() -> None:
+            try:
+                await ex.run(x=TRIGGERED)
+            except ClosedResourceError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(doomed)
+            while not ex.pool.lent:
+                await anyio.sleep(0)
+            await ex.aclose()
+        assert len(errors) == 1 and "killed" in str(errors[0].__cause__)
+
+
+@pytest.mark.anyio
+async def test_setting_a_parameter_reaches_the_workers() -> None:
+    async with make(max_contexts=1) as ex:
+        x = np.linspace(-1, 1, N, dtype=np.float32)
+        check(await ex.run(x=x), x)
+        ex.set_input("c", C * 100)
+        outs = await ex.run(x=x)
+        assert outs is not None
+        np.testing.assert_allclose(
+            outs[1].numpy(), np.tanh(np.maximum(x, 0)) * C * 100, rtol=1e-6
+        )
