@@ -134,9 +134,10 @@ def create(
         are then in flight at once, but always at least one. Parameters and
         outputs handed to callers are not counted.
     :param policy: how nodes are placed on several devices: ``"auto"`` (the
-        better of HEFT and PEFT, never worse than the fastest single
-        device), ``"heft"``, ``"peft"``, ``"fastest"``, ``"single"``, or a
-        callable (:data:`scheduler.placement.Policy`).
+        best of HEFT, PEFT and lookahead, never worse than the fastest
+        single device), ``"heft"``, ``"peft"``, ``"lookahead"``,
+        ``"fastest"``, ``"single"``, or a callable
+        (:data:`scheduler.placement.Policy`).
     :param max_streams: compute streams per device; independent branches
         run on different streams.
     :param params: parameters to load now (as :meth:`GraphModule.load_params`

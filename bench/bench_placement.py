@@ -65,6 +65,7 @@ from scheduler.placement import (
     fastest_single,
     get_policy,
     heft,
+    lookahead,
     peft,
 )
 
@@ -222,6 +223,8 @@ def main() -> None:
     policies["single-fastest"] = ours(fastest_single)
     policies["heft"] = ours(heft)
     policies["peft"] = ours(peft)
+    policies["lookahead"] = ours(lookahead)
+    policies["lookahead (guarded)"] = ours(get_policy("lookahead"))
     policies["auto (guarded)"] = ours(get_policy("auto"))
     saga_run = saga_heft()
     if saga_run is not None:
@@ -252,11 +255,11 @@ def main() -> None:
         f"seed {args.seed}"
     )
     header = (
-        f"{'policy':<16} {'mean SLR':>9} {'median':>7} {'worse than':>11} "
+        f"{'policy':<19} {'mean SLR':>9} {'median':>7} {'worse than':>11} "
         f"{'better than':>12} {'worse than':>11} {'ms/graph':>9}"
     )
     print(header)
-    print(f"{'':<16} {'':>9} {'':>7} {'single':>11} {'our heft':>12} {'our heft':>11}")
+    print(f"{'':<19} {'':>9} {'':>7} {'single':>11} {'our heft':>12} {'our heft':>11}")
     summary: dict[str, dict[str, float]] = {}
     for name in policies:
         ms = makespans[name]
@@ -264,7 +267,7 @@ def main() -> None:
         better = sum(m < b * (1 - eps) for m, b in zip(ms, base, strict=True))
         worse = sum(m > b * (1 + eps) for m, b in zip(ms, base, strict=True))
         print(
-            f"{name:<16} {statistics.fmean(slr[name]):>9.3f} "
+            f"{name:<19} {statistics.fmean(slr[name]):>9.3f} "
             f"{statistics.median(slr[name]):>7.3f} {worse_single:>11} "
             f"{better:>12} {worse:>11} {1000 * spent[name] / args.n:>9.2f}"
         )

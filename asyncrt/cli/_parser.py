@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from scheduler.placement import POLICY_NAMES
+
 from .._profile import SORT_KEYS
 
 __all__ = ("build_parser",)
-
-_POLICIES = ("auto", "heft", "peft", "fastest", "single")
 
 
 def _positive(text: str) -> int:
@@ -50,7 +50,7 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
         "host); default: every device present",
     )
     parser.add_argument(
-        "--policy", choices=_POLICIES, default="auto", help="placement policy"
+        "--policy", choices=POLICY_NAMES, default="auto", help="placement policy"
     )
     parser.add_argument(
         "--streams",

@@ -30,6 +30,7 @@ from scheduler.placement import (
     get_policy,
     guarded,
     heft,
+    lookahead,
     optimistic_cost_table,
     peft,
     place,
@@ -196,6 +197,26 @@ def test_peft_paper_example_oct_and_schedule() -> None:
     }
 
 
+def test_lookahead_on_both_papers_examples() -> None:
+    dag, cost = _table_dag(PEFT_COSTS, PEFT_EDGES)
+    plan = lookahead(dag, P, cost)
+    assert (plan.policy, plan.makespan) == ("lookahead", 127.0)  # HEFT: 133
+    assert _slots(plan) == {
+        P[0]: [(2, 52.0, 84.0), (6, 84.0, 98.0)],
+        P[1]: [
+            (0, 0.0, 21.0),
+            (4, 21.0, 48.0),
+            (1, 48.0, 66.0),
+            (7, 67.0, 90.0),
+            (8, 90.0, 111.0),
+            (9, 111.0, 127.0),
+        ],
+        P[2]: [(5, 28.0, 52.0), (3, 52.0, 56.0)],
+    }
+    dag, cost = _table_dag(HEFT_COSTS, HEFT_EDGES)
+    assert lookahead(dag, P, cost).makespan == 81.0  # HEFT: 80, PEFT: 85
+
+
 def test_peft_on_the_heft_example_and_auto_takes_the_better() -> None:
     dag, cost = _table_dag(HEFT_COSTS, HEFT_EDGES)
     assert peft(dag, P, cost).makespan == 85.0
@@ -304,6 +325,7 @@ def test_get_policy_names_and_callables() -> None:
     assert get_policy("fastest")(dag, devices, cost).policy == "single(sim:0)"
     assert get_policy("heft", guard=False) is heft
     assert get_policy("peft", guard=False) is peft
+    assert get_policy("lookahead", guard=False) is lookahead
     custom = single_device(P[0])
     assert get_policy(custom) is custom
     with pytest.raises(PlanError, match="unknown placement policy 'greedy'"):
@@ -420,10 +442,15 @@ def test_guard_is_never_worse_than_the_fastest_single_device(
 ) -> None:
     dag, devices, cost = instance
     single = fastest_single(dag, devices, cost)  # the cpu can run everything
-    for policy in (get_policy("auto"), guarded(heft), guarded(peft)):
+    for policy in (
+        get_policy("auto"),
+        guarded(heft),
+        guarded(peft),
+        get_policy("lookahead"),
+    ):
         plan = policy(dag, devices, cost)
         assert plan.makespan <= single.makespan
-    for raw in (heft, peft, single_device(CPU)):
+    for raw in (heft, peft, lookahead, single_device(CPU)):
         _check_schedule(dag, cost, raw(dag, devices, cost))
 
 
@@ -433,7 +460,7 @@ def test_policies_are_deterministic(
     instance: tuple[nx.DiGraph, list[Device], AnalyticCostModel],
 ) -> None:
     dag, devices, cost = instance
-    for name in ("heft", "peft", "auto"):
+    for name in ("heft", "peft", "lookahead", "auto"):
         first = place(dag, devices, cost, name)
         second = place(dag, devices, cost, name)
         assert first == second
