@@ -4,6 +4,7 @@ run_individual, debug_get_output and the dump layout; async twins."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,10 @@ def test_dump_writes_tvm_layout(ex: Any, tmp_path: Path) -> None:
     assert not stale.exists() and files["mm"].exists()
 
 
-def test_dump_makes_a_temporary_root_when_none_is_given() -> None:
+def test_dump_makes_a_temporary_root_when_none_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # cleaned up for us
     sim.configure(2, CONFIG)
     with debug_executor.create(graph(), None, ["cpu:0", "sim:0", "sim:1"]) as ex:
         assert ex.dump_root is None
@@ -167,6 +171,7 @@ def test_dump_makes_a_temporary_root_when_none_is_given() -> None:
         path = ex.dump(x=X)
         assert ex.dump_root is not None and path.parent == ex.dump_root
         assert ex.dump_root.name.startswith("asyncrtdbg_")
+        assert ex.dump_root.parent == tmp_path
 
 
 @pytest.mark.anyio
