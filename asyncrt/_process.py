@@ -23,8 +23,9 @@ context is dropped; the next run gets a new worker.
 
 Workers build their executor from the global kernel registry: modules that
 register user kernels are named in ``worker_imports`` and imported by every
-worker first. Nothing but the executor's own spec (graph, parameters,
-options) is sent, over a private pipe from its own parent process.
+worker first. Nothing but the executor's own spec (graph JSON, parameters in
+TVM's format, options) and small JSON messages cross, and nothing is
+unpickled on either side.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import pickle
 import socket
 import subprocess
 import sys
@@ -56,7 +56,9 @@ from ._process_wire import (
     READY,
     RUN,
     WorkerSpec,
+    decode,
     decode_error,
+    encode,
 )
 from .errors import WorkerError
 
@@ -197,7 +199,7 @@ class ProcessContext:
         self._pid: int | None = None
         self._runs = 0  # the number of the latest run asked for
         block_fd = _anonymous_file(size=spec.layout.nbytes)
-        spec_fd = _anonymous_file(pickle.dumps(spec))
+        spec_fd = _anonymous_file(spec.to_bytes())
         ours, theirs = socket.socketpair()
         self._block = mmap.mmap(block_fd, spec.layout.nbytes)
         try:
@@ -313,7 +315,7 @@ class ProcessContext:
     def _send(self, message: tuple[str, int]) -> None:
         """Send a message; a worker that has gone is noticed on receive."""
         try:
-            self._conn.send(message)
+            self._conn.send_bytes(encode(message))
         except OSError:
             self.broken = True
 
@@ -324,7 +326,7 @@ class ProcessContext:
         """
         try:
             await anyio.wait_readable(self._conn.fileno())
-            message: tuple[str, int, Any] = self._conn.recv()
+            kind, run, data = decode(self._conn.recv_bytes())
         except (EOFError, OSError) as exc:
             self.broken = True
             try:  # its socket closed: the process is exiting, if not gone
@@ -333,7 +335,7 @@ class ProcessContext:
                 code = None
             state = "is gone" if code is None else f"exited with code {code}"
             raise WorkerError(f"{self.describe()} {state}") from exc
-        return message
+        return str(kind), int(run), data
 
     # -- lifetime ------------------------------------------------------------
 

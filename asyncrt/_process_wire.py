@@ -18,20 +18,24 @@ run context in a worker process of its own (:mod:`asyncrt._process`,
   answer the parent never read (a cancelled caller's) cannot be taken for a
   later run's.
 
-Errors cross as data (asyncrt's errors have keyword fields that pickle
-cannot rebuild): :func:`encode_error` turns an exception into a dict and
-:func:`decode_error` builds an equivalent one, keeping the node, op, device
-and stream of a :class:`NodeFailedError`, the fields of an
-:class:`OutOfMemoryError` and, for anything else, the exception itself
-where it pickles and unpickles cleanly (a ``ValueError``, say), else its
-type name, message and traceback as text
-(:class:`~asyncrt.errors.RemoteError`). The worker's traceback text travels
-either way, as a note on the rebuilt exception.
+Everything crosses as JSON and raw bytes, never as pickles: the spec is a
+JSON header followed by the parameters in TVM's params format
+(:meth:`WorkerSpec.to_bytes`), messages are JSON lists (:func:`encode`),
+and errors are data: :func:`encode_error` turns an exception into a dict
+and :func:`decode_error` builds an equivalent one, keeping the node, op,
+device and stream of a :class:`NodeFailedError`, the fields of an
+:class:`OutOfMemoryError`, and for anything else its type (rebuilt when it
+is a built-in exception or one of asyncrt's with a plain message, else a
+:class:`~asyncrt.errors.RemoteError`), its message and, as a note, the
+worker's traceback.
 """
 
 from __future__ import annotations
 
-import pickle
+import builtins
+import dataclasses
+import json
+import struct
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
@@ -42,11 +46,16 @@ import networkx as nx
 import numpy as np
 
 from devices import Device
+from devices import errors as device_errors
 from devices.errors import OutOfMemoryError, RemoteError
 from devices.sim import SimConfig
+from scheduler import errors as scheduler_errors
 from scheduler.cost import CostModel
 from scheduler.errors import NodeFailedError
 from scheduler.placement import Placement, evaluate
+
+from . import errors as asyncrt_errors
+from ._param_dict import load_param_dict, save_param_dict
 
 __all__ = (
     "CANCEL",
@@ -61,7 +70,9 @@ __all__ = (
     "Message",
     "Slot",
     "WorkerSpec",
+    "decode",
     "decode_error",
+    "encode",
     "encode_error",
 )
 
@@ -81,6 +92,16 @@ Message = tuple[str, int]
 
 #: Slots start on cache-line boundaries.
 ALIGN = 64
+
+
+def encode(message: Any) -> bytes:
+    """A message (lists, strings, numbers, dicts) as bytes for the socket."""
+    return json.dumps(message).encode()
+
+
+def decode(data: bytes) -> Any:
+    """A message from :func:`encode`'s bytes."""
+    return json.loads(data)
 
 
 @dataclass(frozen=True)
@@ -178,6 +199,60 @@ class WorkerSpec:
     nice: int = 0
     sim_configs: tuple[SimConfig, ...] | None = None
 
+    def to_bytes(self) -> bytes:
+        """The spec as a JSON header (its length first, 8 bytes) and the
+        parameters in TVM's params format."""
+        header = {
+            "graph": self.graph,
+            "devices": list(self.devices),
+            "placement": {str(nid): dev for nid, dev in self.placement.items()},
+            "max_streams": self.max_streams,
+            "fuse": self.fuse,
+            "kernel_threads": self.kernel_threads,
+            "imports": list(self.imports),
+            "layout": {
+                "inputs": [dataclasses.astuple(slot) for slot in self.layout.inputs],
+                "outputs": [dataclasses.astuple(slot) for slot in self.layout.outputs],
+                "nbytes": self.layout.nbytes,
+            },
+            "nice": self.nice,
+            "sim_configs": None
+            if self.sim_configs is None
+            else [dataclasses.asdict(config) for config in self.sim_configs],
+        }
+        text = json.dumps(header).encode()
+        return struct.pack("<Q", len(text)) + text + save_param_dict(self.params)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> WorkerSpec:
+        """The spec :meth:`to_bytes` wrote."""
+        (length,) = struct.unpack_from("<Q", data)
+        header = json.loads(data[8 : 8 + length])
+        params = load_param_dict(memoryview(data)[8 + length :])
+
+        def slots(rows: list[list[Any]]) -> tuple[Slot, ...]:
+            return tuple(Slot(n, at, tuple(shape), dt) for n, at, shape, dt in rows)
+
+        layout = header["layout"]
+        configs = header["sim_configs"]
+        return cls(
+            graph=header["graph"],
+            params={name: array.numpy() for name, array in params.items()},
+            devices=tuple(header["devices"]),
+            placement={int(nid): dev for nid, dev in header["placement"].items()},
+            max_streams=header["max_streams"],
+            fuse=header["fuse"],
+            kernel_threads=header["kernel_threads"],
+            imports=tuple(header["imports"]),
+            layout=IoLayout(
+                slots(layout["inputs"]), slots(layout["outputs"]), layout["nbytes"]
+            ),
+            nice=header["nice"],
+            sim_configs=None
+            if configs is None
+            else tuple(SimConfig(**config) for config in configs),
+        )
+
 
 def encode_error(exc: BaseException) -> dict[str, Any]:
     """An exception as plain data (see the module docstring)."""
@@ -202,14 +277,9 @@ def _plain(exc: BaseException) -> dict[str, Any]:
             "requested": exc.requested,
             "available": exc.available,
         }
-    try:  # exceptions whose args rebuild them travel as themselves
-        blob = pickle.dumps(exc)
-        pickle.loads(blob)
-    except Exception:
-        blob = None
     return {
         "kind": "other",
-        "pickled": blob,
+        "module": type(exc).__module__,
         "type": type(exc).__qualname__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(exc)),
@@ -228,15 +298,11 @@ def decode_error(data: Mapping[str, Any], worker: str) -> BaseException:
         return error
     if data["kind"] == "oom":
         return OutOfMemoryError(data["device"], data["requested"], data["available"])
-    if data["pickled"] is not None:
-        try:  # from our own worker, over our own socket
-            rebuilt = pickle.loads(data["pickled"])
-        except Exception:
-            rebuilt = None  # fall back to the text
-        if isinstance(rebuilt, BaseException):
-            if sys.version_info >= (3, 11):  # notes are new in 3.11
-                rebuilt.add_note(f"raised in {worker}:\n{data['traceback']}")
-            return rebuilt
+    rebuilt = _rebuild(data["module"], data["type"], data["message"])
+    if rebuilt is not None:
+        if sys.version_info >= (3, 11):  # notes are new in 3.11
+            rebuilt.add_note(f"raised in {worker}:\n{data['traceback']}")
+        return rebuilt
     return RemoteError(
         f"{data['type']}: {data['message']}",
         device="process",
@@ -261,3 +327,23 @@ class Given:
         self, dag: nx.DiGraph, devices: Sequence[Device], cost: CostModel
     ) -> Placement:
         return evaluate(dag, devices, cost, self.device_of, "given")
+
+
+#: Where :func:`decode_error` may find an exception type by name.
+_ERROR_MODULES = {
+    "builtins": builtins,
+    "asyncrt.errors": asyncrt_errors,
+    "devices.errors": device_errors,
+    "scheduler.errors": scheduler_errors,
+}
+
+
+def _rebuild(module: str, name: str, message: str) -> Exception | None:
+    """An exception of a known type with ``message``, or ``None``."""
+    cls = getattr(_ERROR_MODULES.get(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        return None
+    try:
+        return cls(message)
+    except Exception:  # its constructor wants more than a message
+        return None

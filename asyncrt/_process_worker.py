@@ -25,7 +25,6 @@ import contextlib
 import importlib
 import mmap
 import os
-import pickle
 import queue
 import signal
 import sys
@@ -51,6 +50,8 @@ from ._process_wire import (
     Given,
     Message,
     WorkerSpec,
+    decode,
+    encode,
     encode_error,
 )
 
@@ -106,14 +107,17 @@ class Worker:
             kind, run = inbox.get()
             if kind == EXIT:
                 return
-            self.conn.send(self._run_sync(run))
+            self._send(self._run_sync(run))
+
+    def _send(self, message: Any) -> None:
+        self.conn.send_bytes(encode(message))
 
     def _read(self, inbox: queue.SimpleQueue[Message]) -> None:
         """The reader thread: a CANCEL stops its run at once; RUN and EXIT go
         to the main thread, in order."""
         while True:
             try:
-                kind, run = self.conn.recv()
+                kind, run = decode(self.conn.recv_bytes())
             except (EOFError, OSError):
                 kind, run = EXIT, self._running  # the parent is gone
             if kind in (CANCEL, EXIT):
@@ -154,10 +158,10 @@ class Worker:
         if the parent is gone)."""
         await anyio.wait_readable(self.conn.fileno())
         try:
-            message: Message = self.conn.recv()
+            kind, run = decode(self.conn.recv_bytes())
         except (EOFError, OSError):
             return (EXIT, 0)
-        return message
+        return str(kind), int(run)
 
     async def serve_async(self) -> None:
         """Answer messages until ``EXIT`` or the parent goes away (plans with
@@ -168,7 +172,7 @@ class Worker:
                 return
             if kind == RUN:
                 reply, leave = await self._run_async(run)
-                self.conn.send(reply)
+                self._send(reply)
                 if leave:
                     return
             # A CANCEL of a run that has already answered: nothing to do.
@@ -228,16 +232,16 @@ def main(argv: list[str]) -> None:
     try:
         try:
             with os.fdopen(spec_fd, "rb") as spec_file:
-                spec: WorkerSpec = pickle.load(spec_file)  # from our own parent
+                spec = WorkerSpec.from_bytes(spec_file.read())
             if spec.nice:
                 renice(spec.nice)
             block = mmap.mmap(block_fd, spec.layout.nbytes)
             os.close(block_fd)
             worker = Worker(conn, spec, block)
         except Exception as exc:
-            conn.send((FAILED, 0, encode_error(exc)))
+            conn.send_bytes(encode((FAILED, 0, encode_error(exc))))
             return
-        conn.send((READY, 0, os.getpid()))
+        conn.send_bytes(encode((READY, 0, os.getpid())))
         worker.serve()
     except OSError:
         pass  # the parent went away (a broken pipe): nothing left to tell it

@@ -6,6 +6,7 @@ in a clear error or a correct result, with no worker process left behind."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from collections.abc import Iterator
@@ -408,3 +409,48 @@ async def test_setting_a_parameter_reaches_the_workers() -> None:
         np.testing.assert_allclose(
             outs[1].numpy(), np.tanh(np.maximum(x, 0)) * C * 100, rtol=1e-6
         )
+
+
+def test_the_spec_crosses_as_json_and_params_without_pickles() -> None:
+    from asyncrt._process_wire import IoLayout, WorkerSpec
+    from devices.sim import SimConfig
+
+    spec = WorkerSpec(
+        graph=graph("relu").to_json(),
+        params={"c": C},
+        devices=("cpu:0", "sim:1"),
+        placement={0: "cpu:0", 3: "sim:1"},
+        max_streams=2,
+        fuse="numpy",
+        kernel_threads=1,
+        imports=KERNELS,
+        layout=IoLayout.of({"x": ((N,), "float32")}, [((N,), "float32")] * 2),
+        nice=5,
+        sim_configs=(SimConfig(), SimConfig(flops=1e9, memory_bandwidth=2e9)),
+    )
+    again = WorkerSpec.from_bytes(spec.to_bytes())
+    np.testing.assert_array_equal(again.params["c"], C)
+    assert dataclasses.replace(again, params=spec.params) == spec
+
+
+def test_errors_cross_as_data() -> None:
+    from asyncrt._process_wire import decode, decode_error, encode, encode_error
+    from asyncrt.errors import InputError, OutOfMemoryError, RemoteError
+
+    class Custom(Exception):
+        pass
+
+    def round_trip(exc: BaseException) -> BaseException:
+        try:
+            raise exc
+        except BaseException as raised:
+            return decode_error(decode(encode(encode_error(raised))), "worker 7")
+
+    value = round_trip(ValueError("bad value"))
+    assert type(value) is ValueError and str(value) == "bad value"
+    assert isinstance(round_trip(InputError("no input 'y'")), InputError)
+    oom = round_trip(OutOfMemoryError("sim:0", 1024, 16))
+    assert isinstance(oom, OutOfMemoryError) and oom.requested == 1024
+    custom = round_trip(Custom("mine"))
+    assert isinstance(custom, RemoteError) and custom.type_name.endswith("Custom")
+    assert "mine" in str(custom) and "raise exc" in custom.remote_traceback
