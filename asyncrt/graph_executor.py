@@ -154,7 +154,8 @@ def create(
         ``"throughput"`` (``max(1, cores // (cpu streams * max_contexts))``:
         for services with concurrent runs), ``"keep"`` (untouched) or a
         number (:mod:`asyncrt._threads`). With ``processes``, each worker's
-        pools get that many threads.
+        pools get that many threads, and ``"auto"`` means ``"throughput"``
+        (the workers run side by side).
     :param processes: run each pooled context (``await run(**inputs)``) in
         a worker process of its own (:mod:`asyncrt._process`): kernels then
         never hold the event loop's GIL. Kernels come from the global
@@ -976,7 +977,12 @@ class _WorkerOptions:
             max_streams=self.max_streams,
             fuse=self.fuse,
             kernel_threads=_threads.threads_for(
-                _threads.cpu_streams(plan), self.kernel_threads, module.pool.limit
+                _threads.cpu_streams(plan),
+                # Workers run side by side by design: "auto" sizes their
+                # pools for that, so N workers never put N x cores threads
+                # on the cores.
+                "throughput" if self.kernel_threads == "auto" else self.kernel_threads,
+                module.pool.limit,
             ),
             imports=self.imports,
             layout=IoLayout.of(inputs, outputs),

@@ -454,3 +454,12 @@ def test_errors_cross_as_data() -> None:
     custom = round_trip(Custom("mine"))
     assert isinstance(custom, RemoteError) and custom.type_name.endswith("Custom")
     assert "mine" in str(custom) and "raise exc" in custom.remote_traceback
+
+
+def test_workers_share_the_cores_by_default() -> None:
+    from asyncrt import _threads
+
+    with make(max_contexts=2) as ex:  # kernel_threads="auto"
+        assert ex._workers is not None
+        spec = ex._workers.spec(ex)
+        assert spec.kernel_threads == max(1, _threads.available_cores() // 2)
