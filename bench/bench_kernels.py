@@ -18,12 +18,15 @@ asyncrt variants (each ``ex.run_sync(**feed)``: inputs in, outputs out, as
 * ``asyncrt-unfused-s1``: no fusion, one stream (the reference);
 * ``asyncrt-fused-s1``: ``fuse=True``, one cpu stream: kernel pools get
   every core (``kernel_threads="auto"``);
-* ``asyncrt-fused-s2``: ``fuse=True``, two cpu streams: one thread each.
+* ``asyncrt-fused-s2``: ``fuse=True``, two cpu streams: one thread each;
+* ``asyncrt-onnx-unfused-s1``: the workload's own ONNX model through
+  ``asyncrt.frontend.from_onnx`` (the user's path: the library's kernels for
+  every op, ``Reshape`` an alias), no fusion, one stream.
 
-The workloads are converted as ``bench_executor.to_asyncrt`` converts them
-(built-in kernels for Add/Mul/MatMul/Tanh/...); ``Softmax`` over the last
-axis also maps to the built-in ``softmax``; LayerNormalization, Transpose
-and Reshape wrap the harness's numpy kernels. ``--profile`` writes, per
+The other variants convert the workloads as ``bench_executor.to_asyncrt``
+does (built-in kernels for Add/Mul/MatMul/Tanh/...; ``Softmax`` over the
+last axis maps to the built-in ``softmax``; LayerNormalization, Transpose
+and Reshape wrap the harness's numpy kernels). ``--profile`` writes, per
 workload, each node's kernel time (run alone, in plan order) under
 ``bench/results/``. ``--ops`` first prints numexpr against numpy per op.
 """
@@ -57,7 +60,12 @@ DEFAULT_PEERS = (
     "ort-par-tdef",
     "tvm",
 )
-VARIANTS = ("asyncrt-unfused-s1", "asyncrt-fused-s1", "asyncrt-fused-s2")
+VARIANTS = (
+    "asyncrt-unfused-s1",
+    "asyncrt-fused-s1",
+    "asyncrt-fused-s2",
+    "asyncrt-onnx-unfused-s1",
+)
 RESULTS = HERE / "results"
 
 
@@ -77,7 +85,13 @@ def child(wl_name: str, variant: str, a: argparse.Namespace) -> None:
     rss_base = peers.maxrss_mb()
     fuse, streams = _variant(variant)
     t0 = time.perf_counter()
-    graph, lib, params = to_asyncrt(wl, workloads)
+    if "-onnx-" in variant:  # the user's path: the workload's ONNX model
+        from asyncrt.frontend import from_onnx
+
+        graph, params = from_onnx(wl.to_onnx())
+        lib = None
+    else:
+        graph, lib, params = to_asyncrt(wl, workloads)
     ex = graph_executor.create(
         graph, lib, "cpu", fuse=fuse, max_streams=streams, params=params
     )
