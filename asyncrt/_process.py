@@ -88,6 +88,17 @@ def _anonymous_file(data: bytes = b"", size: int = 0) -> int:
     return fd
 
 
+def _own_process_group() -> dict[str, Any]:
+    """Popen arguments that put a worker in a process group of its own, so
+    a terminal's Ctrl-C reaches this process only (which then closes its
+    workers). Not a session of its own: where the kernel groups scheduling
+    by session (Linux autogroup), a worker there would be weighed against
+    the event loop's process as a peer, whatever its ``worker_nice``."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {}  # pragma: no cover - the worker ignores SIGINT all the same
+
+
 def _worker_env(extra: Mapping[str, str]) -> dict[str, str]:
     """The parent's environment with its import path (so a worker imports
     the same asyncrt and the same kernel modules), updated with ``extra``."""
@@ -209,9 +220,7 @@ class ProcessContext:
                 pass_fds=fds,
                 env=_worker_env(env or {}),
                 stdin=subprocess.DEVNULL,
-                # Its own session: a terminal's Ctrl-C goes to this process
-                # only, which then closes the worker.
-                start_new_session=True,
+                **_own_process_group(),
             )
         except BaseException as exc:
             ours.close()
