@@ -463,3 +463,15 @@ def test_workers_share_the_cores_by_default() -> None:
         assert ex._workers is not None
         spec = ex._workers.spec(ex)
         assert spec.kernel_threads == max(1, _threads.available_cores() // 2)
+
+
+@pytest.mark.anyio
+async def test_workers_share_our_session_but_not_our_process_group() -> None:
+    # Same session: under autogroup scheduling, worker_nice then counts
+    # against this process. Own group: a terminal's Ctrl-C reaches us only.
+    async with make(max_contexts=1) as ex:
+        x = np.ones(N, dtype=np.float32)
+        check(await ex.run(x=x), x)
+        (pid,) = worker_pids()
+        assert os.getsid(pid) == os.getsid(0)
+        assert os.getpgid(pid) == pid != os.getpgid(0)
