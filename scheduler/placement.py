@@ -485,9 +485,21 @@ def heft(dag: nx.DiGraph, devices: Sequence[Device], cost: CostModel) -> Placeme
     :return: the placement.
     :raises PlanError: if a node cannot run anywhere or a pin is invalid.
     """
+    return _in_upward_rank_order(dag, devices, cost, _by_finish, "heft")
+
+
+def _in_upward_rank_order(
+    dag: nx.DiGraph,
+    devices: Sequence[Device],
+    cost: CostModel,
+    chooser: Callable[[_Problem], _Chooser],
+    name: str,
+) -> Placement:
+    """A list schedule in HEFT's order (upward rank on mean costs), each
+    node's device picked by ``chooser``."""
     problem = _Problem(dag, devices, cost)
     rank = _upward(problem, problem.mean_time, problem.mean_edge_time)
-    return _list_schedule(problem, rank, _by_finish(problem), "heft")
+    return _list_schedule(problem, rank, chooser(problem), name)
 
 
 def _oct(problem: _Problem) -> dict[int, dict[Device, float]]:
@@ -614,9 +626,7 @@ def lookahead(dag: nx.DiGraph, devices: Sequence[Device], cost: CostModel) -> Pl
     :return: the placement.
     :raises PlanError: if a node cannot run anywhere or a pin is invalid.
     """
-    problem = _Problem(dag, devices, cost)
-    rank = _upward(problem, problem.mean_time, problem.mean_edge_time)
-    return _list_schedule(problem, rank, _by_lookahead(problem), "lookahead")
+    return _in_upward_rank_order(dag, devices, cost, _by_lookahead, "lookahead")
 
 
 def _fixed(problem: _Problem, device_of: Mapping[int, Device], name: str) -> Placement:

@@ -104,10 +104,13 @@ def no_leaked_workers() -> Iterator[None]:
     assert worker_pids() - before == set()
 
 
-def lent_context(ex: graph_executor.GraphModule) -> ProcessContext:
-    (context,) = ex.pool.lent
-    assert isinstance(context, ProcessContext)
-    return context
+async def signal_when_lent(
+    ex: graph_executor.GraphModule, pid: int, signum: signal.Signals
+) -> None:
+    """Send ``signum`` to worker ``pid`` once a run has borrowed a context."""
+    while not ex.pool.lent:
+        await anyio.sleep(0)
+    os.kill(pid, signum)
 
 
 @pytest.mark.anyio
@@ -212,14 +215,8 @@ async def test_a_killed_worker_fails_its_run_and_is_replaced() -> None:
         x = np.zeros(N, dtype=np.float32)
         check(await ex.run(x=x), x)
         (old,) = worker_pids()
-
-        async def kill_when_lent() -> None:
-            while not ex.pool.lent:
-                await anyio.sleep(0)
-            os.kill(old, signal.SIGKILL)
-
         async with anyio.create_task_group() as group:
-            group.start_soon(kill_when_lent)
+            group.start_soon(signal_when_lent, ex, old, signal.SIGKILL)
             with pytest.raises(WorkerError, match="exited with code -9"):
                 await ex.run(x=TRIGGERED)
         assert ex.pool.size == 0  # the dead worker's context was dropped
@@ -354,15 +351,9 @@ async def test_sigint_to_a_worker_leaves_its_run_alone() -> None:
         x = np.zeros(N, dtype=np.float32)
         check(await ex.run(x=x), x)
         (pid,) = worker_pids()
-
-        async def interrupt_when_lent() -> None:
-            while not ex.pool.lent:
-                await anyio.sleep(0)
-            os.kill(pid, signal.SIGINT)
-
         x = TRIGGERED.copy()
         async with anyio.create_task_group() as group:
-            group.start_soon(interrupt_when_lent)
+            group.start_soon(signal_when_lent, ex, pid, signal.SIGINT)
             check(await ex.run(x=x), x)
         assert worker_pids() == {pid}
 
