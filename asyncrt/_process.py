@@ -64,7 +64,8 @@ from .errors import WorkerError
 
 __all__ = ("ProcessContext", "ProcessProgram")
 
-#: Seconds a closing worker gets to exit before it is killed.
+#: Seconds a worker gets to exit when closed, or to drain a stopped or
+#: cancelled run, before it is killed.
 EXIT_TIMEOUT = 10.0
 #: Seconds to wait for the exit code of a worker whose socket closed.
 EXIT_WAIT = 0.5
@@ -125,10 +126,11 @@ class ProcessProgram:
 
         :raises NodeFailedError: if a kernel failed (the worker's error,
             rebuilt with its node, op, device, stream and cause).
-        :raises WorkerError: if the worker died or could not start, or did
-            not drain a cancelled run within :data:`EXIT_TIMEOUT` seconds
-            (it is killed).
-        :raises ClosedResourceError: if :meth:`stop` stopped the run.
+        :raises WorkerError: if the worker died or could not start.
+        :raises ClosedResourceError: if :meth:`stop` stopped the run (the
+            worker is killed if it has not drained within
+            :data:`EXIT_TIMEOUT` seconds; so is the worker of a cancelled
+            run).
         """
         context = self._context
         self._halted = False
