@@ -8,7 +8,9 @@ element is above :data:`TRIGGER`.
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,6 +23,10 @@ from devices.errors import OutOfMemoryError
 TRIGGER = 10.0
 #: The longest :func:`nap_relu` sleeps.
 NAP_SECONDS = 0.5
+#: If this environment variable names a file, :func:`nap_relu` creates it as
+#: it starts to nap (so a test in another process knows the nap is under
+#: way).
+NAP_STARTED = "ASYNCRT_TEST_NAP_STARTED"
 
 
 @asyncrt.register_func("test_nap_relu", kinds=("cpu", "sim"))
@@ -28,6 +34,9 @@ def nap_relu(x: Any, out: Any) -> None:
     """ReLU; when triggered, first sleeps 10 ms per unit of ``x[0]`` above
     :data:`TRIGGER`, at most :data:`NAP_SECONDS`."""
     if x[0] > TRIGGER:
+        mark = os.environ.get(NAP_STARTED)
+        if mark:
+            Path(mark).touch()
         time.sleep(min(NAP_SECONDS, float(x[0] - TRIGGER) * 0.01))
     np.maximum(x, 0, out=out)
 

@@ -10,6 +10,7 @@ import dataclasses
 import os
 import signal
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from asyncrt.errors import (
 )
 from asyncrt.graph import Graph, GraphBuilder
 
-from ..process_kernels import NAP_SECONDS, TRIGGER
+from ..process_kernels import NAP_SECONDS, NAP_STARTED, TRIGGER
 
 N = 8
 KERNELS = ("tests.process_kernels",)
@@ -358,18 +359,30 @@ async def test_sigint_to_a_worker_leaves_its_run_alone() -> None:
         assert worker_pids() == {pid}
 
 
+async def nap_started(mark: Path) -> None:
+    """Wait until a worker's nap kernel has created ``mark``."""
+    with anyio.fail_after(10):
+        while not mark.exists():
+            await anyio.sleep(0.001)
+    mark.unlink()
+
+
 @pytest.mark.anyio
 async def test_a_worker_that_does_not_drain_is_killed(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(asyncrt._process, "EXIT_TIMEOUT", 0.1)
-    async with make("test_nap_relu", max_contexts=1) as ex:
+    mark = tmp_path / "napping"
+    worker_env = {NAP_STARTED: str(mark)}
+    async with make("test_nap_relu", max_contexts=1, worker_env=worker_env) as ex:
         x = np.zeros(N, dtype=np.float32)
         check(await ex.run(x=x), x)
         (old,) = worker_pids()
-        with anyio.move_on_after(0.02):  # cancelled mid-nap: 0.5 s to go
-            await ex.run(x=TRIGGERED)
-        assert ex.pool.size == 0  # killed after 0.1 s, and dropped
+        async with anyio.create_task_group() as group:
+            group.start_soon(partial(ex.run, x=TRIGGERED))
+            await nap_started(mark)  # 0.5 s to go: no drain within 0.1 s
+            group.cancel_scope.cancel()
+        assert ex.pool.size == 0  # killed, and dropped
         check(await ex.run(x=x), x)
         assert old not in worker_pids()
         # close() stops a run the same way, and kills what does not drain
@@ -383,8 +396,7 @@ async def test_a_worker_that_does_not_drain_is_killed(
 
         async with anyio.create_task_group() as group:
             group.start_soon(doomed)
-            while not ex.pool.lent:
-                await anyio.sleep(0)
+            await nap_started(mark)
             await ex.aclose()
         assert len(errors) == 1 and "killed" in str(errors[0].__cause__)
 
