@@ -177,10 +177,6 @@ class ProcessProgram:
             with contextlib.suppress(RuntimeError):  # no event loop here
                 self._wait.deadline = anyio.current_time() + EXIT_TIMEOUT
 
-    def close(self) -> None:
-        """Close the context (as :meth:`ProcessContext.close`)."""
-        self._context.close()
-
 
 class ProcessContext:
     """A run context whose runs happen in a worker process; see the module

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 import anyio
@@ -354,10 +355,10 @@ class GraphModule:
         spec = self._worker_spec
         if spec is None:  # made again whenever the parameters change
             spec = self._worker_spec = self._workers.spec(self)
-        names = {self._input_name(Entry(n, 0)): n for n in self._owned_inputs()}
+        owned = [Entry(nid, 0) for nid in self._owned_inputs()]
         context = ProcessContext(
             spec,
-            {name: Entry(nid, 0) for name, nid in names.items()},
+            {self._input_name(entry): entry for entry in owned},
             self._heads,
             self.context_nbytes,
             self._workers.env,
@@ -932,28 +933,18 @@ class GraphModule:
         self.close()
 
 
+@dataclass(frozen=True)
 class _WorkerOptions:
     """What a process-backed executor's workers are built from."""
 
-    def __init__(
-        self,
-        graph: Graph,
-        devices: tuple[Device, ...],
-        max_streams: int,
-        fuse: bool | Engine,
-        kernel_threads: int | str,
-        imports: tuple[str, ...],
-        nice: int,
-        env: dict[str, str],
-    ) -> None:
-        self.graph = graph
-        self.nice = nice
-        self.env = env
-        self.devices = devices
-        self.max_streams = max_streams
-        self.fuse = fuse
-        self.kernel_threads = kernel_threads
-        self.imports = imports
+    graph: Graph
+    devices: tuple[Device, ...]
+    max_streams: int
+    fuse: bool | Engine
+    kernel_threads: int | str
+    imports: tuple[str, ...]
+    nice: int
+    env: dict[str, str]
 
     def spec(self, module: GraphModule) -> WorkerSpec:
         """The spec of a worker of ``module``, with its current parameters."""

@@ -36,6 +36,7 @@ from ..process_kernels import NAP_SECONDS, NAP_STARTED, TRIGGER
 N = 8
 KERNELS = ("tests.process_kernels",)
 TRIGGERED = np.full(N, TRIGGER + 100, dtype=np.float32)  # naps the longest
+X = np.linspace(-1, 1, N, dtype=np.float32)  # an ordinary input
 
 
 def graph(kernel: str) -> Graph:
@@ -103,6 +104,13 @@ def no_leaked_workers() -> Iterator[None]:
     before = worker_pids()
     yield
     assert worker_pids() - before == set()
+
+
+async def started_worker(ex: graph_executor.GraphModule) -> int:
+    """Run once, checked (so the executor's one worker is up); its pid."""
+    check(await ex.run(x=X), X)
+    (pid,) = worker_pids()
+    return pid
 
 
 async def signal_when_lent(
@@ -213,15 +221,13 @@ async def test_random_cancellations_never_lose_a_context_or_a_worker() -> None:
 @pytest.mark.anyio
 async def test_a_killed_worker_fails_its_run_and_is_replaced() -> None:
     async with make("test_nap_relu", max_contexts=1) as ex:
-        x = np.zeros(N, dtype=np.float32)
-        check(await ex.run(x=x), x)
-        (old,) = worker_pids()
+        old = await started_worker(ex)
         async with anyio.create_task_group() as group:
             group.start_soon(signal_when_lent, ex, old, signal.SIGKILL)
             with pytest.raises(WorkerError, match="exited with code -9"):
                 await ex.run(x=TRIGGERED)
         assert ex.pool.size == 0  # the dead worker's context was dropped
-        check(await ex.run(x=x), x)
+        check(await ex.run(x=X), X)
         assert worker_pids() - {old}
 
 
@@ -313,9 +319,7 @@ def thread_niceness(pid: int) -> set[int]:
 @pytest.mark.anyio
 async def test_worker_nice_applies_to_every_worker_thread() -> None:
     async with make(max_contexts=1, worker_nice=5) as ex:
-        x = np.ones(N, dtype=np.float32)
-        check(await ex.run(x=x), x)
-        (pid,) = worker_pids()
+        pid = await started_worker(ex)
         assert thread_niceness(pid) == {os.getpriority(os.PRIO_PROCESS, 0) + 5}
 
 
@@ -349,9 +353,7 @@ async def test_an_unread_answer_is_never_taken_for_a_later_run(
 @pytest.mark.anyio
 async def test_sigint_to_a_worker_leaves_its_run_alone() -> None:
     async with make("test_nap_relu", max_contexts=1) as ex:
-        x = np.zeros(N, dtype=np.float32)
-        check(await ex.run(x=x), x)
-        (pid,) = worker_pids()
+        pid = await started_worker(ex)
         x = TRIGGERED.copy()
         async with anyio.create_task_group() as group:
             group.start_soon(signal_when_lent, ex, pid, signal.SIGINT)
@@ -375,15 +377,13 @@ async def test_a_worker_that_does_not_drain_is_killed(
     mark = tmp_path / "napping"
     worker_env = {NAP_STARTED: str(mark)}
     async with make("test_nap_relu", max_contexts=1, worker_env=worker_env) as ex:
-        x = np.zeros(N, dtype=np.float32)
-        check(await ex.run(x=x), x)
-        (old,) = worker_pids()
+        old = await started_worker(ex)
         async with anyio.create_task_group() as group:
             group.start_soon(partial(ex.run, x=TRIGGERED))
             await nap_started(mark)  # 0.5 s to go: no drain within 0.1 s
             group.cancel_scope.cancel()
         assert ex.pool.size == 0  # killed, and dropped
-        check(await ex.run(x=x), x)
+        check(await ex.run(x=X), X)
         assert old not in worker_pids()
         # close() stops a run the same way, and kills what does not drain
         errors: list[BaseException] = []
@@ -473,8 +473,6 @@ async def test_workers_share_our_session_but_not_our_process_group() -> None:
     # Same session: under autogroup scheduling, worker_nice then counts
     # against this process. Own group: a terminal's Ctrl-C reaches us only.
     async with make(max_contexts=1) as ex:
-        x = np.ones(N, dtype=np.float32)
-        check(await ex.run(x=x), x)
-        (pid,) = worker_pids()
+        pid = await started_worker(ex)
         assert os.getsid(pid) == os.getsid(0)
         assert os.getpgid(pid) == pid != os.getpgid(0)
