@@ -113,6 +113,17 @@ async def started_worker(ex: graph_executor.GraphModule) -> int:
     return pid
 
 
+async def closed_while_napping(
+    ex: graph_executor.GraphModule, errors: list[ClosedResourceError]
+) -> None:
+    """Run a long nap, expecting the executor to close meanwhile: the
+    :class:`ClosedResourceError` goes to ``errors``."""
+    try:
+        await ex.run(x=TRIGGERED)
+    except ClosedResourceError as exc:
+        errors.append(exc)
+
+
 async def signal_when_lent(
     ex: graph_executor.GraphModule, pid: int, signum: signal.Signals
 ) -> None:
@@ -254,18 +265,12 @@ async def test_close_with_runs_in_flight_stops_them() -> None:
     ex = make("test_nap_relu", max_contexts=2)
     x = np.zeros(N, dtype=np.float32)
     check(await ex.run(x=x), x)
-    errors: list[BaseException] = []
-
-    async def doomed() -> None:
-        try:
-            await ex.run(x=TRIGGERED)
-        except ClosedResourceError as exc:
-            errors.append(exc)
+    errors: list[ClosedResourceError] = []
 
     with anyio.fail_after(NAP_SECONDS * 10):
         async with anyio.create_task_group() as group:
-            group.start_soon(doomed)
-            group.start_soon(doomed)
+            group.start_soon(closed_while_napping, ex, errors)
+            group.start_soon(closed_while_napping, ex, errors)
             while len(ex.pool.lent) < 2:
                 await anyio.sleep(0)
             await ex.aclose()
@@ -386,16 +391,10 @@ async def test_a_worker_that_does_not_drain_is_killed(
         check(await ex.run(x=X), X)
         assert old not in worker_pids()
         # close() stops a run the same way, and kills what does not drain
-        errors: list[BaseException] = []
-
-        async def doomed() -> None:
-            try:
-                await ex.run(x=TRIGGERED)
-            except ClosedResourceError as exc:
-                errors.append(exc)
+        errors: list[ClosedResourceError] = []
 
         async with anyio.create_task_group() as group:
-            group.start_soon(doomed)
+            group.start_soon(closed_while_napping, ex, errors)
             await nap_started(mark)
             await ex.aclose()
         assert len(errors) == 1 and "killed" in str(errors[0].__cause__)
