@@ -268,6 +268,21 @@ class ContextPool(Generic[C]):
             waiter.may_grow = True
             waiter.event.set()
 
+    def adopt(self, context: C) -> bool:
+        """Take a context made elsewhere as an idle one (or hand it to the
+        longest waiter), if the limits allow a new context now.
+
+        :returns: ``False`` if they do not (the caller keeps, and closes,
+            ``context``).
+        """
+        if self._closed or not self._may_grow():
+            return False
+        self._count += 1
+        self._bytes += context.nbytes
+        self._lent.add(context)
+        self.release(context)
+        return True
+
     def release(self, context: C) -> None:
         """Return a lent context: to the longest waiter, or to the idle list."""
         if self._closed:

@@ -73,7 +73,7 @@ from scheduler.placement import Policy
 from scheduler.plan import Plan
 from scheduler.planner import plan_graph
 
-from . import _benchmark, _threads
+from . import _benchmark, _blas_choice, _threads
 from ._context import ContextPool, RunContext, context_nbytes
 from ._fusion import Engine, fuse_graph
 from ._host_feed import HostFeed
@@ -92,6 +92,7 @@ from .errors import (
     NodeFailedError,
     NodeOutOfMemoryError,
     OutOfMemoryError,
+    WorkerError,
 )
 from .graph import Graph, load_graph, to_dag
 
@@ -121,6 +122,7 @@ def create(
     worker_imports: Sequence[str] = (),
     worker_nice: int = 0,
     worker_env: Mapping[str, str] | None = None,
+    worker_blas: str = "auto",
 ) -> GraphModule:
     """Create an executor (TVM's ``graph_executor.create``).
 
@@ -171,8 +173,16 @@ def create(
         at once when it wakes, which keeps event-loop lag low while the
         workers saturate the cores; the workers then yield to every other
         busy process of the machine too.
-    :raises ArgumentError: for ``processes`` with a ``lib``, or a
-        ``worker_nice`` outside 0..19.
+    :param worker_env: environment variables set in each worker process.
+    :param worker_blas: the OpenBLAS kernel set the workers load
+        (:mod:`asyncrt._blas_choice`): ``"auto"`` times the graph under
+        OpenBLAS's own choice and under its AVX2 set before the first pooled
+        run, where numpy's OpenBLAS chose an AVX-512 set, and keeps the
+        faster; ``"default"`` keeps OpenBLAS's own choice; any other value
+        is an ``OPENBLAS_CORETYPE`` name (``"Haswell"``, ``"SkylakeX"``...).
+    :raises ArgumentError: for ``processes`` with a ``lib``, a
+        ``worker_nice`` outside 0..19, or a kernel set given both as
+        ``worker_blas`` and in ``worker_env``.
     :raises GraphError: if the graph is malformed.
     :raises KernelNotFoundError: if a node's kernel is missing for its device.
     :raises PlanError: if the graph cannot be planned on these devices.
@@ -193,6 +203,7 @@ def create(
         worker_imports=worker_imports,
         worker_nice=worker_nice,
         worker_env=worker_env,
+        worker_blas=worker_blas,
     )
 
 
@@ -224,9 +235,11 @@ class GraphModule:
         worker_imports: Sequence[str] = (),
         worker_nice: int = 0,
         worker_env: Mapping[str, str] | None = None,
+        worker_blas: str = "auto",
     ) -> None:
         if not 0 <= worker_nice <= 19:
             raise ArgumentError(f"worker_nice must be in 0..19, got {worker_nice}")
+        blas_env = _worker_blas_env(worker_blas, worker_env or {})
         if processes and lib is not None:
             raise ArgumentError(
                 "processes=True takes kernels from the global registry only "
@@ -281,6 +294,10 @@ class GraphModule:
             else None
         )
         self._worker_spec: WorkerSpec | None = None
+        # The workers' kernel set: None until "auto" has timed the graph.
+        self._blas_env: dict[str, str] | None = blas_env
+        self._blas_lock: anyio.Lock | None = None
+        self._blas_timing: _blas_choice.Timing | None = None
         self._pool: ContextPool[_AnyContext] = ContextPool(
             self._new_pooled_context,
             max_contexts,
@@ -352,6 +369,10 @@ class GraphModule:
     def _new_pooled_context(self) -> _AnyContext:
         if self._workers is None:
             return self._new_context()
+        return self._new_worker(self._blas_env or {})
+
+    def _new_worker(self, blas_env: Mapping[str, str]) -> ProcessContext:
+        assert self._workers is not None
         spec = self._worker_spec
         if spec is None:  # made again whenever the parameters change
             spec = self._worker_spec = self._workers.spec(self)
@@ -361,10 +382,67 @@ class GraphModule:
             {self._input_name(entry): entry for entry in owned},
             self._heads,
             self.context_nbytes,
-            self._workers.env,
+            {**self._workers.env, **blas_env},
         )
         context.generation = self._generation
         return context
+
+    @property
+    def worker_blas(self) -> str | None:
+        """The OpenBLAS kernel set the workers load: a set's name,
+        ``"default"`` (OpenBLAS's own choice), or ``None`` where there are
+        no workers or ``"auto"`` has not timed the graph yet (it does before
+        the first pooled run)."""
+        if self._workers is None or self._blas_env is None:
+            return None
+        return self._blas_env.get(_blas_choice.ENV, "default")
+
+    @property
+    def worker_blas_timing(self) -> Mapping[str, float] | None:
+        """The median run seconds per kernel set that ``"auto"`` measured,
+        or ``None`` if it timed nothing."""
+        return None if self._blas_timing is None else self._blas_timing.medians
+
+    async def _choose_worker_blas(self) -> None:
+        """Time the graph in one worker per candidate kernel set and keep
+        the faster (:mod:`asyncrt._blas_choice`); the winning worker becomes
+        the first pooled context."""
+        if self._blas_lock is None:
+            self._blas_lock = anyio.Lock()
+        async with self._blas_lock:
+            if self._blas_env is not None:  # another run chose meanwhile
+                return
+            assert self._workers is not None
+            sets = _blas_choice.candidates(self._workers.env)
+            if not sets:
+                self._blas_env = {}
+                return
+            workers: dict[str, ProcessContext] = {}
+            keep: ProcessContext | None = None
+            try:
+                for name in sets:  # OpenBLAS's own choice first, as it is
+                    env = {_blas_choice.ENV: name} if workers else {}
+                    workers[name] = self._new_worker(env)
+                for worker in workers.values():
+                    await worker.ready()  # started side by side; not timed
+                timing = await _blas_choice.time_interleaved(
+                    {name: w.program.run for name, w in workers.items()}
+                )
+                chosen = sets[0]
+                if timing is not None:
+                    chosen = _blas_choice.faster(timing, chosen)
+                self._blas_timing = timing
+                self._blas_env = {_blas_choice.ENV: chosen} if chosen != sets[0] else {}
+                if workers[chosen].generation == self._generation:
+                    keep = workers[chosen]  # else parameters changed meanwhile
+            except (NodeFailedError, WorkerError):
+                # The graph cannot run on zeros, or no worker starts: keep
+                # OpenBLAS's own set; the first run meets the error itself.
+                self._blas_env = {}
+            finally:
+                for worker in workers.values():
+                    if worker is not keep or not self._pool.adopt(worker):
+                        worker.close()
 
     def _own_context(self) -> RunContext:
         if self._own is None or self._own.generation != self._generation:
@@ -599,6 +677,8 @@ class GraphModule:
         checked = self._check_run_inputs(inputs)
         self._running += 1
         try:
+            if self._workers is not None and self._blas_env is None:
+                await self._choose_worker_blas()
             context = await self._pool.acquire()
             try:
                 self._check_open()  # closed while this run waited for its turn
@@ -980,6 +1060,28 @@ class _WorkerOptions:
             nice=self.nice,
             sim_configs=_sim_configs(self.devices),
         )
+
+
+def _worker_blas_env(
+    worker_blas: str, worker_env: Mapping[str, str]
+) -> dict[str, str] | None:
+    """The environment that selects the workers' kernel set, or ``None``
+    if ``"auto"`` is to time the graph first."""
+    if worker_blas == "auto":
+        return None
+    if worker_blas == "default":
+        return {}
+    if not worker_blas.isalnum():
+        raise ArgumentError(
+            f"worker_blas must be 'auto', 'default' or an OpenBLAS core type "
+            f"such as 'Haswell', got {worker_blas!r}"
+        )
+    if _blas_choice.ENV in worker_env:
+        raise ArgumentError(
+            f"worker_blas={worker_blas!r} and worker_env[{_blas_choice.ENV!r}] "
+            "both choose the kernel set: give one"
+        )
+    return {_blas_choice.ENV: worker_blas}
 
 
 def _sim_configs(devices: Sequence[Device]) -> tuple[SimConfig, ...] | None:

@@ -17,7 +17,10 @@ lags pooled; within one child the modes take turns round by round. Modes:
 * ``asyncrt-cN-uvloop``: the same on uvloop, if it is installed;
 * ``asyncrt-proc-...``: the same with ``processes=True`` (each run context
   in a worker process, ``worker_nice`` from ``--worker-nice``), so no kernel
-  or dispatcher thread shares the event loop's interpreter;
+  or dispatcher thread shares the event loop's interpreter; the workers'
+  OpenBLAS kernel set is ``worker_blas="auto"``'s choice (timed when the
+  pool starts), or OpenBLAS's own for ``...-default``
+  (``--run-in process-default``);
 * ``...-throughput``: the same with ``kernel_threads="throughput"`` (kernel
   pools sized for N concurrent runs: N streams each running single-threaded
   BLAS on 2 cores, instead of N x cores BLAS threads fighting over them;
@@ -189,7 +192,9 @@ def child(a: argparse.Namespace) -> None:
         plan.append(("ort-executor-here", 1, False, "ort"))
     for run_in in [r for r in a.run_in.split(",") if r != "ort"]:
         prefix = "asyncrt" if run_in == "thread" else "asyncrt-proc"
-        tail = suffix + (env_suffix if run_in == "process+env" else "")
+        tail = suffix + {"process+env": env_suffix, "process-default": "-default"}.get(
+            run_in, ""
+        )
         for n in [int(c) for c in a.contexts.split(",") if c]:
             plan.append((f"{prefix}-c{n}{tail}", n, False, run_in))
             if a.uvloop:
@@ -229,6 +234,7 @@ def child(a: argparse.Namespace) -> None:
                 if run_in == "process+env"
                 else None
             ),
+            worker_blas="default" if run_in == "process-default" else "auto",
         )
         ex.load_params(params)
         for _ in range(3):  # warm up: caches hot
@@ -251,6 +257,10 @@ def child(a: argparse.Namespace) -> None:
         results[mode] = summarise(mode, rounds[mode])
         if hasattr(ex, "pool"):
             results[mode]["contexts_made"] = ex.pool.size
+        if getattr(ex, "worker_blas", None) is not None:
+            results[mode]["worker_blas"] = ex.worker_blas
+            timing = ex.worker_blas_timing or {}
+            results[mode]["worker_blas_ms"] = {k: v * 1e3 for k, v in timing.items()}
         ex.close()
     print(MARK + json.dumps(results), flush=True)
 
@@ -361,6 +371,14 @@ def verdict(results: dict[str, Any]) -> list[str]:
     executor = results.get("ort-executor-here") or results.get("executor", {})
     idles = sorted((k for k in results if k.startswith("asyncrt-idle")), key=len)
     for mode, s in results.items():
+        if "worker_blas" in s:
+            timed = ", ".join(
+                f"{k} {v:.2f} ms" for k, v in s.get("worker_blas_ms", {}).items()
+            )
+            notes.append(
+                f"{mode}: workers load OpenBLAS kernel set {s['worker_blas']!r}"
+                + (f" (timed per run: {timed})" if timed else "")
+            )
         parts = re.match(r"^asyncrt(?:-proc)?-c\d+(?:-uvloop)?(.*)$", mode)
         if parts is None or "error" in s:
             continue
@@ -402,9 +420,10 @@ def main() -> None:
         default="ort,thread,process",
         help="the modes of the asyncrt child, a comma list: 'thread' "
         "(kernels on stream threads of this process), 'process' "
-        "(processes=True), 'process+env' (the same, with --worker-env in the "
-        "workers) and 'ort' (ONNX Runtime via run_in_executor, if installed "
-        "here, interleaved with them)",
+        "(processes=True), 'process-default' (the same with "
+        "worker_blas='default': OpenBLAS's own kernel set), 'process+env' "
+        "(with --worker-env in the workers) and 'ort' (ONNX Runtime via "
+        "run_in_executor, if installed here, interleaved with them)",
     )
     ap.add_argument(
         "--worker-nice",

@@ -49,6 +49,15 @@ def boom_relu(x: Any, out: Any) -> None:
     np.maximum(x, 0, out=out)
 
 
+@asyncrt.register_func("test_fail_on_zero", kinds=("cpu", "sim"))
+def fail_on_zero(x: Any, out: Any) -> None:
+    """ReLU; raises ``ValueError`` when ``x[0]`` is zero (as for an
+    all-zero input)."""
+    if x[0] == 0:
+        raise ValueError("zero input on purpose")
+    np.maximum(x, 0, out=out)
+
+
 @asyncrt.register_func("test_oom_relu", kinds=("cpu", "sim"))
 def oom_relu(x: Any, out: Any) -> None:
     """ReLU; raises the device's out-of-memory error when triggered."""
