@@ -413,8 +413,9 @@ class GraphModule:
             if self._blas_env is not None:  # another run chose meanwhile
                 return
             assert self._workers is not None
-            sets = _blas_choice.candidates(self._workers.env)
-            if not sets:
+            on_cpu = any(d.kind == "cpu" for d in self.plan.placement.values())
+            sets = _blas_choice.candidates(self._workers.env) if on_cpu else ()
+            if not sets:  # nothing to choose, or no kernel runs on the cpu
                 self._blas_env = {}
                 return
             workers: dict[str, ProcessContext] = {}

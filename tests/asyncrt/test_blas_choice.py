@@ -245,3 +245,21 @@ def test_worker_blas_is_checked() -> None:
         make(worker_blas="Has well; rm")
     with pytest.raises(ArgumentError, match="give one"):
         make(worker_blas="Haswell", worker_env={ENV: "Zen"})
+
+
+@pytest.mark.anyio
+async def test_a_graph_with_nothing_on_the_cpu_is_not_timed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_blas_choice, "candidates", lambda env: ("Prescott", "Nehalem"))
+
+    def no_timing(runs: object) -> None:
+        raise AssertionError("numpy's BLAS does not run this graph's kernels")
+
+    monkeypatch.setattr(_blas_choice, "time_interleaved", no_timing)
+    ex = make(devices="sim:0", worker_blas="auto")
+    try:
+        check(await ex.run(x=X), X)
+        assert ex.worker_blas == "default"
+    finally:
+        await ex.aclose()
