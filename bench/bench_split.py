@@ -12,10 +12,10 @@ matrix products):
    (``--sim-flops``) that their modelled time, not the host's real numpy
    work inside each call, sets the pace.
 2. **Heterogeneous split.** The same graphs on ``cpu:0`` + ``sim:0`` +
-   ``sim:1`` (``auto`` policy) against each device alone. A sim runs its
-   kernels' real numpy work on this host's cores and sleeps out the rest
-   of its modelled time, so it can never be faster than the host work it
-   really does, and on a small host it competes with the cpu device for
+   ``sim:1`` (``auto`` policy) against each device alone. A sim keeps its
+   own clock (``devices.sim``) and runs its kernels' real numpy work on
+   this host's cores within it: the host never sees a result before that
+   work is done, and on a small host it competes with the cpu device for
    cores. The honest setting is a modelled machine: the host ``cpu:0`` is
    *one core* (BLAS at one thread, ``kernel_threads=1``) and the two sims
    are accelerators whose real work runs on the remaining core(s), each a
