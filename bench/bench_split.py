@@ -62,6 +62,7 @@ from asyncrt import Module, graph_executor  # noqa: E402
 from asyncrt.graph import Graph, GraphBuilder  # noqa: E402
 from devices import Device, get_api, sim  # noqa: E402
 from devices.sim import SimConfig  # noqa: E402
+from scheduler.dispatch import issue_costs  # noqa: E402
 
 Workload = tuple[Graph, Module | None, dict[str, Any], dict[str, Any]]
 
@@ -227,10 +228,13 @@ def split(works: dict[str, Workload], share: float, runs: int) -> list[dict[str,
     device alone and split over all three (``auto``), interleaved."""
     attrs = get_api("cpu").attributes(Device("cpu", 0))
     flops, memory = float(attrs["flops"]), float(attrs["memory_bandwidth"])
+    issue, wake = issue_costs()
     print(
         f"\n2. split: cpu:0 = one core (measured {flops:.3g} FLOP/s, "
         f"{memory:.3g} B/s elementwise, {attrs['launch_overhead'] * 1e6:.1f} us "
-        f"per call)\n   + sim:0, sim:1, each a roofline at {share:g} of that "
+        f"per call, {attrs['sync_latency'] * 1e6:.0f} us a wake-up on an event; "
+        f"a run on streams starts {wake * 1e6:.0f} us + {issue * 1e6:.1f} us a "
+        f"step late)\n   + sim:0, sim:1, each a roofline at {share:g} of that "
         f"({share * flops:.3g} FLOP/s, {share * memory:.3g} B/s); "
         f"median of {runs} interleaved rounds"
     )
@@ -238,7 +242,8 @@ def split(works: dict[str, Workload], share: float, runs: int) -> list[dict[str,
     sim.configure(2, [config, config])
     print(
         f"{'graph':8} {'cpu:0':>8} {'sim:0':>8} {'sim:1':>8} {'split':>8} "
-        f"{'best/split':>10} {'pred split':>10} {'pred cpu:0':>10}  placement"
+        f"{'best/split':>10} {'pred split':>10} {'meas/pred':>9} "
+        f"{'pred cpu:0':>10}  placement"
     )
     setups = {
         "cpu:0": ["cpu:0"],
@@ -260,7 +265,7 @@ def split(works: dict[str, Workload], share: float, runs: int) -> list[dict[str,
             f"{name:8} {singles['cpu:0'] * 1e3:8.2f} {singles['sim:0'] * 1e3:8.2f} "
             f"{singles['sim:1'] * 1e3:8.2f} {measured * 1e3:8.2f} "
             f"{best / measured:10.2f} {predicted * 1e3:10.2f} "
-            f"{got['cpu:0'][0] * 1e3:10.2f}  {where}"
+            f"{measured / predicted:9.3f} {got['cpu:0'][0] * 1e3:10.2f}  {where}"
         )
         rows.append(
             dict(
@@ -270,6 +275,7 @@ def split(works: dict[str, Workload], share: float, runs: int) -> list[dict[str,
                 split_s=measured,
                 predicted_split_s=predicted,
                 speedup_vs_best_single=best / measured,
+                measured_over_predicted=measured / predicted,
                 placement=where,
             )
         )

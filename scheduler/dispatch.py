@@ -66,7 +66,7 @@ from .errors import NodeFailedError
 from .plan import Launch, Plan, RecordEvent
 from .trace import ProgramTrace, TraceRecorder
 
-__all__ = ("CHECK_EVERY", "Program", "runs_inline", "start_latency")
+__all__ = ("CHECK_EVERY", "Program", "issue_costs", "runs_inline", "start_latency")
 
 #: A batch checks for cancellation (or failure elsewhere) once per this many
 #: calls, and before every call estimated at :data:`HEAVY_WORK` FLOPs or
@@ -142,7 +142,7 @@ def start_latency(plan: Plan) -> float:
     The host issues every step of a run (a batch, a record or a wait per
     step, one final record per stream) while holding the GIL, so no stream
     starts before that is done; then a stream's thread wakes up. Both are
-    measured once per host (:func:`_issue_costs`).
+    measured once per host (:func:`issue_costs`).
 
     :param plan: the plan.
     :return: 0 for a plan that :func:`runs_inline`, else ``wake + steps *
@@ -150,12 +150,12 @@ def start_latency(plan: Plan) -> float:
     """
     if runs_inline(plan):
         return 0.0
-    issue, wake = _issue_costs()
+    issue, wake = issue_costs()
     return wake + (len(plan.order) + len(plan.streams)) * issue
 
 
 @cache
-def _issue_costs() -> tuple[float, float]:
+def issue_costs() -> tuple[float, float]:
     """(seconds to issue one step of a run onto a stream, seconds for an
     idle stream's thread to start a call), measured on a cpu stream: the
     median of 5 rounds of 64 launches and records, and of 15 wake-ups after
