@@ -29,7 +29,8 @@ when an executor closes) stops a run in flight the same way from outside;
 that run raises :class:`~devices.errors.ClosedResourceError` once drained.
 
 :func:`start_latency` predicts how late a plan's streams start on this
-host: the planner adds it to a plan's predicted makespan.
+host (rehearsed once per plan shape): the planner adds it to a plan's
+predicted makespan.
 
 Tracing is opt-in (:mod:`scheduler.trace`): a program given a
 :class:`~scheduler.trace.TraceRecorder` binds traced calls instead of the
@@ -66,7 +67,7 @@ from .errors import NodeFailedError
 from .plan import Launch, Plan, RecordEvent
 from .trace import ProgramTrace, TraceRecorder
 
-__all__ = ("CHECK_EVERY", "Program", "issue_costs", "runs_inline", "start_latency")
+__all__ = ("CHECK_EVERY", "Program", "rehearse_start", "runs_inline", "start_latency")
 
 #: A batch checks for cancellation (or failure elsewhere) once per this many
 #: calls, and before every call estimated at :data:`HEAVY_WORK` FLOPs or
@@ -139,55 +140,61 @@ def start_latency(plan: Plan) -> float:
     """Predicted seconds from :meth:`Program.run_sync` being called to
     ``plan``'s first work, beyond what a plan run inline pays.
 
-    The host issues every step of a run (a batch, a record or a wait per
-    step, one final record per stream) while holding the GIL, so no stream
-    starts before that is done; then a stream's thread wakes up. Both are
-    measured once per host (:func:`issue_costs`).
+    The host issues every step of a run (a batch, a record or a wait each,
+    and one final record per stream) while holding the GIL, and then blocks;
+    only then does the first stream's thread, woken by the first step, get
+    to run it. That is rehearsed on as many idle ``cpu`` streams as the plan
+    has, with as many steps, once per (streams, steps) in a process:
+    :func:`rehearse_start`.
 
     :param plan: the plan.
-    :return: 0 for a plan that :func:`runs_inline`, else ``wake + steps *
-        issue``.
+    :return: 0 for a plan that :func:`runs_inline`, else the rehearsal's.
     """
     if runs_inline(plan):
         return 0.0
-    issue, wake = issue_costs()
-    return wake + (len(plan.order) + len(plan.streams)) * issue
+    return rehearse_start(len(plan.streams), len(plan.order) + len(plan.streams))
 
 
 @cache
-def issue_costs() -> tuple[float, float]:
-    """(seconds to issue one step of a run onto a stream, seconds for an
-    idle stream's thread to start a call), measured on a cpu stream: the
-    median of 5 rounds of 64 launches and records, and of 15 wake-ups after
-    a nap long enough for the thread to block (~25 ms in all)."""
+def rehearse_start(streams: int, steps: int) -> float:
+    """Seconds from issuing a run of ``steps`` steps over ``streams`` idle
+    streams to the first stream's first call running: the first step is
+    that call, the rest no-op batches and records, round robin, as a run
+    issues them; then the host blocks on the last stream, as
+    :meth:`Program.run_sync` does. The median of 7 rounds, each after a nap
+    long enough for the streams' threads to block (~10 ms in all).
+
+    :param streams: streams, at least 1.
+    :param steps: steps, at least 1.
+    """
     device = Device("cpu", 0)
     api = get_api("cpu")
-    stream = api.create_stream(device)
+    made = [api.create_stream(device) for _ in range(max(1, streams))]
     try:
         calls: list[Call] = [(_nothing, (), 0.0)]
-        issues = []
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(32):
-                stream.launch_many(calls)
-                stream.record()
-            issues.append((time.perf_counter() - start) / 64)
-            stream.synchronize()
         started = [0.0]
 
         def stamp() -> None:
             started[0] = time.perf_counter()
 
-        wakes = []
-        for _ in range(15):
-            time.sleep(1e-3)  # the worker blocks meanwhile
-            launched = time.perf_counter()
-            stream.launch(stamp)
-            stream.synchronize()
-            wakes.append(started[0] - launched)
-        return statistics.median(issues), statistics.median(wakes)
+        rounds = []
+        for _ in range(7):
+            time.sleep(1e-3)  # the streams' threads block meanwhile
+            begin = time.perf_counter()
+            made[0].launch(stamp)
+            for step in range(1, steps):
+                stream = made[step % len(made)]
+                if step % 2:
+                    stream.launch_many(calls)
+                else:
+                    stream.record()
+            for stream in made:
+                stream.synchronize()
+            rounds.append(started[0] - begin)
+        return statistics.median(rounds)
     finally:
-        api.free_stream(stream)
+        for stream in made:
+            api.free_stream(stream)
 
 
 def _nothing() -> None:
