@@ -12,10 +12,10 @@ matrix products):
    (``--sim-flops``) that their modelled time, not the host's real numpy
    work inside each call, sets the pace.
 2. **Heterogeneous split.** The same graphs on ``cpu:0`` + ``sim:0`` +
-   ``sim:1`` (``auto`` policy) against each device alone. A sim runs its
-   kernels' real numpy work on this host's cores and sleeps out the rest
-   of its modelled time, so it can never be faster than the host work it
-   really does, and on a small host it competes with the cpu device for
+   ``sim:1`` (``auto`` policy) against each device alone. A sim keeps its
+   own clock (``devices.sim``) and runs its kernels' real numpy work on
+   this host's cores within it: the host never sees a result before that
+   work is done, and on a small host it competes with the cpu device for
    cores. The honest setting is a modelled machine: the host ``cpu:0`` is
    *one core* (BLAS at one thread, ``kernel_threads=1``) and the two sims
    are accelerators whose real work runs on the remaining core(s), each a
@@ -62,6 +62,7 @@ from asyncrt import Module, graph_executor  # noqa: E402
 from asyncrt.graph import Graph, GraphBuilder  # noqa: E402
 from devices import Device, get_api, sim  # noqa: E402
 from devices.sim import SimConfig  # noqa: E402
+from scheduler.dispatch import start_latency  # noqa: E402
 
 Workload = tuple[Graph, Module | None, dict[str, Any], dict[str, Any]]
 
@@ -176,8 +177,9 @@ def same(a: list[np.ndarray[Any, Any]], b: list[np.ndarray[Any, Any]]) -> bool:
 
 def interleaved(
     work: Workload, setups: dict[str, list[str]], runs: int
-) -> dict[str, tuple[float, float, list[np.ndarray[Any, Any]], str]]:
-    """Each setup's (predicted, measured median seconds, outputs, placement),
+) -> dict[str, tuple[float, float, list[np.ndarray[Any, Any]], str, float]]:
+    """Each setup's (predicted, measured median seconds, outputs, placement,
+    the predicted start of its streams),
     BLAS at one thread and the streams :func:`pinned`: all executors open at
     once and run in turn, ``runs`` rounds, so a drift of this shared host
     touches them alike. A setup with one device uses ``single``, several
@@ -218,6 +220,7 @@ def interleaved(
                 statistics.median(times[name]),
                 [o.numpy() for o in outputs[name] or ()],
                 " ".join(f"{d}:{n}" for d, n in sorted(counts.items())),
+                start_latency(ex.plan),
             )
         return result
 
@@ -230,7 +233,8 @@ def split(works: dict[str, Workload], share: float, runs: int) -> list[dict[str,
     print(
         f"\n2. split: cpu:0 = one core (measured {flops:.3g} FLOP/s, "
         f"{memory:.3g} B/s elementwise, {attrs['launch_overhead'] * 1e6:.1f} us "
-        f"per call)\n   + sim:0, sim:1, each a roofline at {share:g} of that "
+        f"per call, {attrs['sync_latency'] * 1e6:.0f} us a wake-up on an "
+        f"event)\n   + sim:0, sim:1, each a roofline at {share:g} of that "
         f"({share * flops:.3g} FLOP/s, {share * memory:.3g} B/s); "
         f"median of {runs} interleaved rounds"
     )
@@ -238,7 +242,8 @@ def split(works: dict[str, Workload], share: float, runs: int) -> list[dict[str,
     sim.configure(2, [config, config])
     print(
         f"{'graph':8} {'cpu:0':>8} {'sim:0':>8} {'sim:1':>8} {'split':>8} "
-        f"{'best/split':>10} {'pred split':>10} {'pred cpu:0':>10}  placement"
+        f"{'best/split':>10} {'pred split':>10} {'meas/pred':>9} "
+        f"{'start':>6} {'pred cpu:0':>10}  placement"
     )
     setups = {
         "cpu:0": ["cpu:0"],
@@ -250,16 +255,17 @@ def split(works: dict[str, Workload], share: float, runs: int) -> list[dict[str,
     for name, work in works.items():
         got = interleaved(work, setups, runs)
         reference = got["cpu:0"][2]
-        for setup, (_, _, outputs, _) in got.items():
+        for setup, (_, _, outputs, _, _) in got.items():
             if not same(outputs, reference):
                 raise SystemExit(f"{name}: {setup} outputs differ from the cpu's")
         singles = {d: got[d][1] for d in ("cpu:0", "sim:0", "sim:1")}
-        predicted, measured, _, where = got["split"]
+        predicted, measured, _, where, start = got["split"]
         best = min(singles.values())
         print(
             f"{name:8} {singles['cpu:0'] * 1e3:8.2f} {singles['sim:0'] * 1e3:8.2f} "
             f"{singles['sim:1'] * 1e3:8.2f} {measured * 1e3:8.2f} "
             f"{best / measured:10.2f} {predicted * 1e3:10.2f} "
+            f"{measured / predicted:9.3f} {start * 1e3:6.2f} "
             f"{got['cpu:0'][0] * 1e3:10.2f}  {where}"
         )
         rows.append(
@@ -270,6 +276,8 @@ def split(works: dict[str, Workload], share: float, runs: int) -> list[dict[str,
                 split_s=measured,
                 predicted_split_s=predicted,
                 speedup_vs_best_single=best / measured,
+                measured_over_predicted=measured / predicted,
+                predicted_start_s=start,
                 placement=where,
             )
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,13 +38,14 @@ class Completion:
     the caller's thread, if it already completed).
     """
 
-    __slots__ = ("_callbacks", "_done", "_error", "_lock")
+    __slots__ = ("_callbacks", "_done", "_error", "_lock", "_time")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._callbacks: list[_Callback] = []
+        self._time = 0.0
 
     @property
     def done(self) -> bool:
@@ -55,9 +57,21 @@ class Completion:
         """The failure carried by this point, if any (valid once done)."""
         return self._error
 
-    def set(self, error: BaseException | None = None) -> None:
-        """Mark done; run the callbacks. Called once, by the stream."""
+    @property
+    def time(self) -> float:
+        """When the stream reached this point, host ``perf_counter`` seconds
+        (by the device's clock where it models one; valid once done)."""
+        return self._time
+
+    def set(self, error: BaseException | None = None, at: float | None = None) -> None:
+        """Mark done; run the callbacks. Called once, by the stream.
+
+        :param error: the failure this point carries, if any.
+        :param at: when the stream reached it (default: now), for a device
+            that keeps a clock of its own (the simulated accelerator).
+        """
         with self._lock:
+            self._time = time.perf_counter() if at is None else at
             self._error = error
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -73,9 +74,11 @@ class Stream:
     def __init__(self, device: Device) -> None:
         self.device = device
         self.label = f"{device}/stream{next(_stream_ids)}"
-        self._queue: queue.SimpleQueue[tuple[int, Any, Any, float]] = (
+        self._queue: queue.SimpleQueue[tuple[int, Any, Any, float, float]] = (
             queue.SimpleQueue()
         )
+        #: When the item the worker is handling was queued (``perf_counter``).
+        self._queued_at = 0.0
         self._error: BaseException | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -130,7 +133,7 @@ class Stream:
             self._check_open()
             completion = self._new_completion()
             event._rearm(self.label, completion)
-            self._queue.put((_RECORD, completion, None, 0.0))
+            self._queue.put((_RECORD, completion, None, 0.0, time.perf_counter()))
         return event
 
     def wait_event(self, event: Event) -> None:
@@ -173,7 +176,7 @@ class Stream:
             if self._closed:
                 return
             self._closed = True
-            self._queue.put((_STOP, None, None, 0.0))
+            self._queue.put((_STOP, None, None, 0.0, 0.0))
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
@@ -227,13 +230,13 @@ class Stream:
         with self._lock:
             if self._closed:
                 raise ClosedResourceError(f"stream {self.label} is closed")
-            self._queue.put((kind, a, b, work))
+            self._queue.put((kind, a, b, work, time.perf_counter()))
 
     def _worker(self) -> None:
         self._on_thread_start()
         get = self._queue.get
         while True:
-            kind, a, b, work = get()
+            kind, a, b, work, self._queued_at = get()
             if kind <= _BATCH:  # a call or a batch
                 if self._error is None:
                     try:

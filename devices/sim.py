@@ -24,11 +24,27 @@ machine without a GPU. Each ``sim:N`` has
   engines, overlap with them. The model is exact by construction, which
   makes it the reference for the scheduler's cost model.
 
+The device keeps its own clock, as a discrete-event simulation does. A
+call's modelled start is the latest of: when it was launched, when its
+stream's previous work ended by the model, when the events it waits on were
+reached by the model (a device-side wait, as CUDA's, costs nothing), and,
+for a timed call, when the compute engine frees up; it ends its duration
+after that. A record is stamped with its stream's modelled time, and a sim
+stream waiting on it goes on from there. The host's part is only a floor:
+the stream's thread does the call's real work when it gets to it, and
+completes nothing (no record, so no waiting cpu stream or host) before
+both that work is done and the modelled end has passed. So host artefacts
+of the simulation (a stream thread that wakes late because another sim's
+thread computes on the same core) do not stretch the device's timeline
+while the real work catches up within it; when it does not, the host sees
+the results late, never early.
+
 Configure the devices before use with :func:`configure`.
 """
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import math
 import threading
@@ -41,6 +57,7 @@ import numpy as np
 
 from ._api import Buffer, DeviceAPI
 from ._device import Device
+from ._event import Completion, Event
 from ._registry import get_api, register
 from ._stream import Stream
 from .errors import OutOfMemoryError
@@ -108,15 +125,44 @@ class SimAllocation:
         return f"<SimAllocation 0x{self.address:x} ({self.nbytes} bytes)>"
 
 
-class SimStream(Stream):
-    """A sim stream: each call lasts at least its modelled duration, on the
-    device's one compute engine (shared by the device's streams)."""
+class _Engine:
+    """A device's compute engine: one timed call at a time, and when (by the
+    device's clock) the last one ended."""
 
-    def __init__(
-        self, device: Device, config: SimConfig, engine: threading.Lock
-    ) -> None:
+    __slots__ = ("free_at", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.free_at = 0.0
+
+
+class _Call:
+    """The modelled start of the call a sim stream is running, and, once an
+    untimed call (a copy) says so, its modelled end."""
+
+    __slots__ = ("end", "start")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.end = start
+
+
+#: The call in progress on this sim stream's thread (None elsewhere): how a
+#: copy run on the stream learns its modelled start.
+_current_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+    "asyncrt_sim_call", default=None
+)
+
+
+class SimStream(Stream):
+    """A sim stream: each call lasts its modelled duration on the device's
+    clock (see the module docstring), timed calls on the device's one
+    compute engine (shared by the device's streams)."""
+
+    def __init__(self, device: Device, config: SimConfig, engine: _Engine) -> None:
         self._config = config
         self._engine = engine
+        self._clock = 0.0  # when, by the model, this stream's work so far ended
         super().__init__(device)
 
     def _execute(
@@ -127,13 +173,31 @@ class SimStream(Stream):
             seconds = config.compute_seconds(work)
         else:
             seconds = config.compute_seconds(work, _arrays_nbytes(args))
+        ready = max(self._clock, self._queued_at)
         if seconds <= 0:  # untimed (copies time themselves): no engine turn
-            fn(*args)
+            call = _Call(ready)
+            token = _current_call.set(call)
+            try:
+                fn(*args)
+            finally:
+                _current_call.reset(token)
+            self._clock = call.end
             return
-        with self._engine:
-            start = time.perf_counter()
+        engine = self._engine
+        with engine.lock:
+            start = max(ready, engine.free_at)
             fn(*args)
+            engine.free_at = self._clock = start + seconds
             _sleep_until(start + seconds)
+
+    def _wait(self, completion: Completion, event: Event) -> None:
+        super()._wait(completion, event)
+        # A device-side wait: the stream goes on from when the event was
+        # reached, not from when this thread woke up.
+        self._clock = max(self._clock, completion.time)
+
+    def _complete(self, completion: Completion, error: BaseException | None) -> None:
+        completion.set(error, at=max(self._clock, self._queued_at))
 
 
 def _arrays_nbytes(args: tuple[Any, ...]) -> int:
@@ -156,7 +220,7 @@ class SimDeviceAPI(DeviceAPI):
         self._configs: list[SimConfig] = [SimConfig(), SimConfig()]
         self._addresses = itertools.count(0x1000_0000, 0x100)
         self._config_lock = threading.Lock()
-        self._engines: dict[int, threading.Lock] = {}
+        self._engines: dict[int, _Engine] = {}
 
     def configure(
         self, count: int, configs: Sequence[SimConfig] | SimConfig = _DEFAULT
@@ -214,7 +278,7 @@ class SimDeviceAPI(DeviceAPI):
 
     def _create_stream(self, device: Device) -> Stream:
         with self._config_lock:
-            engine = self._engines.setdefault(device.index, threading.Lock())
+            engine = self._engines.setdefault(device.index, _Engine())
         return SimStream(device, self._configs[device.index], engine)
 
     def view(
@@ -227,7 +291,7 @@ class SimDeviceAPI(DeviceAPI):
     def _copy_within(
         self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, nbytes: int
     ) -> None:
-        start = time.perf_counter()
+        start = _copy_start()
         dst.raw._data[dst_offset : dst_offset + nbytes] = src.raw._data[
             src_offset : src_offset + nbytes
         ]
@@ -236,21 +300,37 @@ class SimDeviceAPI(DeviceAPI):
                 self._configs[src.device.index].copy_seconds(nbytes),
                 self._configs[dst.device.index].copy_seconds(nbytes),
             )
-            _sleep_until(start + seconds)
+            _copy_done(start + seconds)
 
     def _copy_to_host(
         self, src: Buffer, src_offset: int, dst: np.ndarray[Any, Any]
     ) -> None:
-        start = time.perf_counter()
+        start = _copy_start()
         dst[...] = src.raw._data[src_offset : src_offset + dst.nbytes]
-        _sleep_until(start + self._configs[src.device.index].copy_seconds(dst.nbytes))
+        _copy_done(start + self._configs[src.device.index].copy_seconds(dst.nbytes))
 
     def _copy_from_host(
         self, src: np.ndarray[Any, Any], dst: Buffer, dst_offset: int
     ) -> None:
-        start = time.perf_counter()
+        start = _copy_start()
         dst.raw._data[dst_offset : dst_offset + src.nbytes] = src
-        _sleep_until(start + self._configs[dst.device.index].copy_seconds(src.nbytes))
+        _copy_done(start + self._configs[dst.device.index].copy_seconds(src.nbytes))
+
+
+def _copy_start() -> float:
+    """A copy's modelled start: the stream's clock when a sim stream runs it,
+    else now."""
+    call = _current_call.get()
+    return time.perf_counter() if call is None else call.start
+
+
+def _copy_done(deadline: float) -> None:
+    """End a copy at ``deadline``, its modelled end: tell the sim stream
+    running it, and sleep till then (if its real work is not later)."""
+    call = _current_call.get()
+    if call is not None:
+        call.end = deadline
+    _sleep_until(deadline)
 
 
 #: time.sleep overshoots by tens of microseconds; sleep to this much before

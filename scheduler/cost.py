@@ -29,6 +29,13 @@ uses, so for ``sim`` devices the model is exact by construction:
   (the host's link is free). Between two kinds that stage through host memory
   (``cuda`` to ``sim``) it is optimistic; the links' sum would be the
   pessimistic bound;
+* a stream that waits for an event of another device resumes ``sync_latency``
+  seconds after the event is reached: nothing for a device-side wait (the
+  sim's, CUDA's), a thread wake-up for the ``cpu``, whose streams are host
+  threads (measured once per host: tens of microseconds on a quiet
+  machine, and paid by every edge into the cpu from another device). So a
+  cross-device edge costs its copy plus the destination's ``sync_latency``,
+  and a split pays only where it saves more than its edges cost;
 * devices whose copies to one another take a path of their own (two
   ``remote`` devices: worker to worker, never through the host) report it as
   ``peer_bandwidth`` and ``peer_latency``; a copy between two such devices of
@@ -134,6 +141,9 @@ class DeviceSpeed:
     :ivar peer: the link to other devices of the same kind, where copies
         between them do not go through the host (``None``: they use
         :attr:`link`).
+    :ivar sync_latency: seconds from an event of another device being
+        reached to the device's waiting stream going on, ``>= 0`` (0 for a
+        device-side wait).
     """
 
     flops: float
@@ -142,12 +152,13 @@ class DeviceSpeed:
     launch_overhead: float = 0.0
     peer: Link | None = None
     memory_bandwidth: float = math.inf
+    sync_latency: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("flops", "bandwidth", "memory_bandwidth"):
             if not getattr(self, name) > 0:
                 raise PlanError(f"DeviceSpeed.{name} must be > 0")
-        for name in ("latency", "launch_overhead"):
+        for name in ("latency", "launch_overhead", "sync_latency"):
             if not getattr(self, name) >= 0:
                 raise PlanError(f"DeviceSpeed.{name} must be >= 0")
 
@@ -183,8 +194,9 @@ def speed_from_attributes(device: Device, attrs: Mapping[str, Any]) -> DeviceSpe
 
     Reads ``flops``, ``host_bandwidth`` (default: infinite), ``host_latency``
     (default 0) and, where a backend reports them, ``launch_overhead``
-    (default 0), ``memory_bandwidth`` (default: infinite) and
-    ``peer_bandwidth`` / ``peer_latency`` (the peer link):
+    (default 0), ``memory_bandwidth`` (default: infinite),
+    ``sync_latency`` (default 0) and ``peer_bandwidth`` / ``peer_latency``
+    (the peer link):
     the names ``devices.get_api(kind).attributes(dev)`` uses.
 
     :param device: the device the attributes describe (named in errors).
@@ -207,6 +219,7 @@ def speed_from_attributes(device: Device, attrs: Mapping[str, Any]) -> DeviceSpe
             launch_overhead=float(attrs.get("launch_overhead", 0.0)),
             peer=peer,
             memory_bandwidth=float(attrs.get("memory_bandwidth", math.inf)),
+            sync_latency=float(attrs.get("sync_latency", 0.0)),
         )
     except (TypeError, ValueError) as exc:
         raise PlanError(f"device {device} reports unusable speeds: {exc}") from exc
@@ -339,17 +352,20 @@ class AnalyticCostModel:
         :param nbytes: bytes copied.
         :param src: where they are.
         :param dst: where they go.
-        :return: 0 on the same device; between two devices of one kind that
-            both have a peer link, the slower of those; else the slower of
-            the two host links.
+        :return: 0 on the same device; else the copy plus ``dst``'s
+            ``sync_latency``, the copy over the slower of the two peer links
+            between two devices of one kind that both have one, else over
+            the slower of the two host links.
         :raises PlanError: if the model has no speed for either device.
         """
         if src == dst:
             return 0.0
         here, there = self._speed(src), self._speed(dst)
         if src.kind == dst.kind and here.peer is not None and there.peer is not None:
-            return max(here.peer.seconds(nbytes), there.peer.seconds(nbytes))
-        return max(here.copy_seconds(nbytes), there.copy_seconds(nbytes))
+            copy = max(here.peer.seconds(nbytes), there.peer.seconds(nbytes))
+        else:
+            copy = max(here.copy_seconds(nbytes), there.copy_seconds(nbytes))
+        return copy + there.sync_latency
 
 
 class TableCostModel:

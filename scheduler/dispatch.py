@@ -28,6 +28,10 @@ ready for the next run. :meth:`Program.stop` (from the event loop, e.g.
 when an executor closes) stops a run in flight the same way from outside;
 that run raises :class:`~devices.errors.ClosedResourceError` once drained.
 
+:func:`start_latency` predicts how late a plan's streams start on this
+host (rehearsed once per plan shape): the planner adds it to a plan's
+predicted makespan.
+
 Tracing is opt-in (:mod:`scheduler.trace`): a program given a
 :class:`~scheduler.trace.TraceRecorder` binds traced calls instead of the
 plain ones; without one, nothing on the run path changes.
@@ -36,8 +40,11 @@ plain ones; without one, nothing on the run path changes.
 from __future__ import annotations
 
 import inspect
+import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import anyio
@@ -60,7 +67,7 @@ from .errors import NodeFailedError
 from .plan import Launch, Plan, RecordEvent
 from .trace import ProgramTrace, TraceRecorder
 
-__all__ = ("CHECK_EVERY", "Program")
+__all__ = ("CHECK_EVERY", "Program", "rehearse_start", "runs_inline", "start_latency")
 
 #: A batch checks for cancellation (or failure elsewhere) once per this many
 #: calls, and before every call estimated at :data:`HEAVY_WORK` FLOPs or
@@ -117,6 +124,81 @@ class _AsyncCall:
 
 
 _Action = _Batch | _Record | _Wait | _AsyncCall
+
+
+def runs_inline(plan: Plan) -> bool:
+    """Whether :meth:`Program.run_sync` runs ``plan`` on the calling thread:
+    one ``cpu`` stream (its program must also have no coroutine kernels and
+    no tracer).
+
+    :param plan: the plan.
+    """
+    return len(plan.streams) == 1 and plan.streams[0].device.kind == "cpu"
+
+
+def start_latency(plan: Plan) -> float:
+    """Predicted seconds from :meth:`Program.run_sync` being called to
+    ``plan``'s first work, beyond what a plan run inline pays.
+
+    The host issues every step of a run (a batch, a record or a wait each,
+    and one final record per stream) while holding the GIL, and then blocks;
+    only then does the first stream's thread, woken by the first step, get
+    to run it. That is rehearsed on as many idle ``cpu`` streams as the plan
+    has, with as many steps, once per (streams, steps) in a process:
+    :func:`rehearse_start`.
+
+    :param plan: the plan.
+    :return: 0 for a plan that :func:`runs_inline`, else the rehearsal's.
+    """
+    if runs_inline(plan):
+        return 0.0
+    return rehearse_start(len(plan.streams), len(plan.order) + len(plan.streams))
+
+
+@cache
+def rehearse_start(streams: int, steps: int) -> float:
+    """Seconds from issuing a run of ``steps`` steps over ``streams`` idle
+    streams to the first stream's first call running: the first step is
+    that call, the rest no-op batches and records, round robin, as a run
+    issues them; then the host blocks on the last stream, as
+    :meth:`Program.run_sync` does. The median of 7 rounds, each after a nap
+    long enough for the streams' threads to block (~10 ms in all).
+
+    :param streams: streams, at least 1.
+    :param steps: steps, at least 1.
+    """
+    device = Device("cpu", 0)
+    api = get_api("cpu")
+    made = [api.create_stream(device) for _ in range(max(1, streams))]
+    try:
+        calls: list[Call] = [(_nothing, (), 0.0)]
+        started = [0.0]
+
+        def stamp() -> None:
+            started[0] = time.perf_counter()
+
+        rounds = []
+        for _ in range(7):
+            time.sleep(1e-3)  # the streams' threads block meanwhile
+            begin = time.perf_counter()
+            made[0].launch(stamp)
+            for step in range(1, steps):
+                stream = made[step % len(made)]
+                if step % 2:
+                    stream.launch_many(calls)
+                else:
+                    stream.record()
+            for stream in made:
+                stream.synchronize()
+            rounds.append(started[0] - begin)
+        return statistics.median(rounds)
+    finally:
+        for stream in made:
+            api.free_stream(stream)
+
+
+def _nothing() -> None:
+    pass
 
 
 class Program:
@@ -270,8 +352,7 @@ class Program:
         plan = self.plan
         if (
             self._trace is not None
-            or len(plan.streams) != 1
-            or plan.streams[0].device.kind != "cpu"
+            or not runs_inline(plan)
             or not all(isinstance(a, _Batch) for a in self._actions)
         ):
             return None

@@ -13,7 +13,12 @@ the launches and how the streams order them:
    them to start (ties by topological position): a topological order, so a
    producer always comes before its consumers.
 3. **Streams.** Each device gets up to ``max_streams`` compute streams and
-   one copy stream, so transfers overlap compute. A node continues the
+   a copy stream, so transfers overlap compute. A copy runs on its
+   destination's copy stream, but one from a ``sim`` to the host (``cpu``)
+   on a second copy stream of the sim's: its copy engines move data both
+   ways (as CUDA's device-to-host copies can run on device streams), the
+   copy keeps the sim's clock, and the host's cores and threads are left
+   to the host's own work. A node continues the
    stream of a same-device producer whose stream it would directly follow
    (a chain stays on one stream); otherwise it opens a new stream or takes
    the one that frees up first (independent branches spread out).
@@ -183,7 +188,7 @@ def _assign_streams(
 ) -> Lowered:
     stream_device: list[Device] = []
     compute: dict[Device, list[int]] = {d: [] for d in devices}
-    copy_stream: dict[Device, int] = {}
+    copy_stream: dict[_CopyEngine, int] = {}
     last_on: list[int] = []  # per stream: nid of its last launch
     free_at: list[float] = []
     producer: dict[Entry, int] = {}  # owning entry -> producing launch nid
@@ -208,9 +213,10 @@ def _assign_streams(
             if root(e) in producer
         ]
         if is_copy:
-            if device not in copy_stream:
-                copy_stream[device] = new_stream(device)
-            stream = copy_stream[device]
+            engine = _copy_engine(location[root(launch.args[0])], device)
+            if engine not in copy_stream:
+                copy_stream[engine] = new_stream(engine.device)
+            stream = copy_stream[engine]
         else:
             chained = [
                 stream_of[p]
@@ -243,6 +249,30 @@ def _assign_streams(
         aliases,
         heads,
     )
+
+
+@dataclass(frozen=True)
+class _CopyEngine:
+    """A copy stream: of ``device``, copying into it or out of it."""
+
+    device: Device
+    outgoing: bool
+
+
+#: Kinds whose copies to the host run on the device's own (outgoing) copy
+#: stream, as an accelerator's copy engines move data both ways: the sim,
+#: whose streams keep its clock. (A remote device's copy to the host is a
+#: fetch the host makes; cuda's are issued on the host's stream for now.)
+_DEVICE_SIDE_COPY_KINDS = frozenset({"sim"})
+
+
+def _copy_engine(src: Device, dst: Device) -> _CopyEngine:
+    """The copy stream of a copy from ``src`` to ``dst``: the destination's
+    incoming one, except for a copy from a device of
+    ``_DEVICE_SIDE_COPY_KINDS`` to a ``cpu``: the device's outgoing one."""
+    if dst.kind == "cpu" and src.kind in _DEVICE_SIDE_COPY_KINDS:
+        return _CopyEngine(src, outgoing=True)
+    return _CopyEngine(dst, outgoing=False)
 
 
 def _place_events(

@@ -14,6 +14,14 @@ Passes, each a small function over the DAG or the plan being built:
    (:mod:`scheduler.storage`); graph inputs and parameters are external;
    ``__nop`` outputs alias their input.
 
+The predicted makespan of a plan run on streams includes their start
+(:func:`scheduler.dispatch.start_latency`: the host issues every step, then
+a stream's thread wakes up); one the dispatcher runs on the calling thread
+(one cpu stream) starts at once. A split pays only if it beats that: with a
+policy that guards against the single fastest device (every name but
+``"single"``), a plan over several devices is replaced by everything on the
+host-facing cpu when that is predicted no slower, start included.
+
 With one device and one stream the order is the whole story, and storage
 comes from exact interval liveness. Otherwise the placement policy
 (:mod:`scheduler.placement`) decides devices, :mod:`scheduler.lowering` adds
@@ -25,6 +33,7 @@ access of one surely precedes the write of the other.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 import networkx as nx
@@ -33,6 +42,7 @@ from devices import Device
 
 from .cost import AnalyticCostModel, CostModel
 from .dag import Entry, TensorSpec, graph_spec, node_spec
+from .dispatch import runs_inline, start_latency
 from .errors import PlanError
 from .happens_before import HappensBefore, LaunchRef
 from .liveness import compute_liveness, default_order
@@ -74,7 +84,17 @@ def plan_graph(
         raise PlanError(f"max_streams must be >= 1, got {max_streams}")
     if len(devices) > 1 or max_streams > 1:
         model = cost or AnalyticCostModel.from_devices(dag, devices, supported)
-        return _plan_streams(dag, tuple(devices), policy, max_streams, model)
+        plan = _started(_plan_streams(dag, tuple(devices), policy, max_streams, model))
+        if _guards(policy) and devices[0].kind == "cpu" and not runs_inline(plan):
+            try:
+                host = _started(
+                    _plan_streams(dag, tuple(devices), "single", max_streams, model)
+                )
+            except PlanError:  # a node the host cannot run, or pinned elsewhere
+                return plan
+            if host.makespan <= plan.makespan:
+                return host
+        return plan
     device = devices[0]
     placement = {nid: device for nid in dag.nodes}
     for nid in dag.nodes:
@@ -136,6 +156,16 @@ def plan_graph(
         # One stream: the launches one after another.
         makespan=sum(model.compute_time(launch.nid, device) for launch in launches),
     )
+
+
+def _started(plan: Plan) -> Plan:
+    """``plan`` with its streams' start added to the predicted makespan."""
+    return dataclasses.replace(plan, makespan=plan.makespan + start_latency(plan))
+
+
+def _guards(policy: str | Policy) -> bool:
+    """Whether ``policy`` promises never to be worse than a single device."""
+    return isinstance(policy, str) and policy.strip().lower() != "single"
 
 
 def _plan_streams(

@@ -18,8 +18,12 @@ Each launch gets two durations:
   - ``sim``: the duration the simulated device charges by its timing model
     (``launch_overhead + work / flops`` for a kernel, ``latency + nbytes /
     bandwidth`` for a copy over its link), exact whatever the host's load;
-    the wall span of a sim kernel lasts at least that long, as its stream
-    does (it sleeps the rest of the modelled time after the call);
+    the wall span of a sim kernel starts when its stream's thread got to
+    it and lasts at least that long (the thread sleeps the rest of the
+    modelled time after the call). The sim keeps its own clock, which may
+    run ahead of its threads (:mod:`devices.sim`), so a wall span can start
+    after the next device's work it enabled did: a wait ends at its record,
+    or when its stream's next launch started, if that was earlier;
   - ``cuda``: CUDA events recorded around the call on its stream, read once
     the run is over (the wall span of a cuda launch is when the host issued
     it);

@@ -93,6 +93,7 @@ def api_of(dev: Device) -> devices.DeviceAPI:
 @pytest.fixture
 def owned() -> Iterator[list[Buffer]]:
     """Buffers a test made; freed afterwards, then accounting is checked."""
+    gc.collect()  # an earlier test's garbage, freed mid-test, would skew it
     used = {dev: api_of(dev).used_bytes(dev) for dev in DEVICES}
     buffers: list[Buffer] = []
     yield buffers

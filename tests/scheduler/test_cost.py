@@ -66,12 +66,15 @@ def test_analytic_model_is_exact_for_sim_devices() -> None:
     sim.configure(2, configs)
     dag = _dag()
     model = AnalyticCostModel.from_devices(dag, [CPU, SIM0, SIM1])
+    wake = model.speeds[CPU].sync_latency  # a cpu stream's thread wakes up
+    assert wake > 0
     for dev, config in zip((SIM0, SIM1), configs, strict=True):
         assert model.compute_time(1, dev) == config.compute_seconds(3e9)
         assert model.compute_time(2, dev) == config.compute_seconds(1e9)
-        # host <-> device: the device's link
+        # host <-> device: the device's link (a sim's wait costs nothing; the
+        # cpu's stream wakes up)
         assert model.transfer_time(1000, CPU, dev) == config.copy_seconds(1000)
-        assert model.transfer_time(1000, dev, CPU) == config.copy_seconds(1000)
+        assert model.transfer_time(1000, dev, CPU) == config.copy_seconds(1000) + wake
         assert model.transfer_time(1000, dev, dev) == 0.0
     # device <-> device: the slower link, as SimDeviceAPI._copy_within sleeps
     for nbytes in (0, 1, 4096, 10**8):
@@ -79,6 +82,21 @@ def test_analytic_model_is_exact_for_sim_devices() -> None:
         assert model.transfer_time(nbytes, SIM0, SIM1) == expected
         assert model.transfer_time(nbytes, SIM1, SIM0) == expected
     assert model.transfer_time(10**9, CPU, CPU) == 0.0
+
+
+def test_a_cross_device_edge_pays_the_destinations_sync_latency() -> None:
+    dag = _dag()
+    host = DeviceSpeed(flops=1e9, sync_latency=1e-4)
+    device = DeviceSpeed(flops=1e9, bandwidth=1e6, latency=1e-5)
+    model = AnalyticCostModel(dag, {CPU: host, SIM0: device})
+    assert model.transfer_time(1000, SIM0, CPU) == 1e-5 + 1e-3 + 1e-4
+    assert model.transfer_time(1000, CPU, SIM0) == 1e-5 + 1e-3
+    assert model.transfer_time(1000, CPU, CPU) == 0.0
+    assert speed_from_attributes(CPU, {"flops": 1.0, "sync_latency": 2e-5}) == (
+        DeviceSpeed(flops=1.0, sync_latency=2e-5)
+    )
+    with pytest.raises(PlanError, match="sync_latency"):
+        DeviceSpeed(flops=1.0, sync_latency=-1.0)
 
 
 def test_speed_from_attributes_reads_the_deviceapi_names() -> None:

@@ -93,17 +93,9 @@ def test_one_copy_per_consumer_device() -> None:
         ("sim:1", ["wait 3", "a", "record 0", "b", "record 1"]),
         ("sim:0", ["copy_0_0_to_sim0", "record 4"]),
         ("sim:0", ["wait 4", "c", "record 2"]),
-        (
-            "cpu:0",
-            [
-                "wait 0",
-                "copy_1_0_to_cpu0",
-                "wait 1",
-                "copy_2_0_to_cpu0",
-                "wait 2",
-                "copy_3_0_to_cpu0",
-            ],
-        ),
+        # copies to the host: on each device's outgoing copy stream
+        ("sim:1", ["wait 0", "copy_1_0_to_cpu0", "wait 1", "copy_2_0_to_cpu0"]),
+        ("sim:0", ["wait 2", "copy_3_0_to_cpu0"]),
     ]
     a, b = (
         next(s for s in lowered.streams[1].steps if getattr(s, "name", "") == n)
@@ -125,12 +117,15 @@ def test_a_shared_copy_is_issued_before_its_earliest_consumer() -> None:
     assert show(lowered.streams) == [
         ("sim:0", ["copy_0_0_to_sim0", "record 1"]),
         ("sim:0", ["wait 1", "b", "a", "record 0"]),
-        ("cpu:0", ["wait 0", "copy_1_0_to_cpu0", "copy_2_0_to_cpu0"]),
+        ("sim:0", ["wait 0", "copy_1_0_to_cpu0", "copy_2_0_to_cpu0"]),
     ]
     assert_topological(lowered)
 
 
-def test_copies_run_on_the_destination_devices_copy_stream() -> None:
+def test_copies_run_on_the_device_side_copy_streams() -> None:
+    """A copy runs on its destination's copy stream, except one to the host,
+    which runs on its source's outgoing copy stream (the device's copy
+    engine), so the host's streams only compute."""
     graph = dag([("a", [0]), ("b", [1]), ("c", [2])], [3])
     plan = plan_graph(graph, [CPU, S0, S1], policy=given({1: S0, 2: S1, 3: S0}))
     check_plan(plan)
@@ -143,14 +138,14 @@ def test_copies_run_on_the_destination_devices_copy_stream() -> None:
             if launch.func_name == "__copy":
                 copies += 1
                 source, target = launch.args
-                assert plan.storage[target].device == stream.device
-                assert plan.storage[plan.resolve(source)].device != stream.device
+                to, of = plan.storage[target].device, plan.storage[source].device
+                assert stream.device == (of if to == CPU else to)
     # x -> sim:0, a -> sim:1, b -> sim:0, c -> cpu:0
     assert copies == 4
     assert [str(s.device) for s in plan.streams if _only_copies(s)] == [
         "sim:0",
         "sim:1",
-        "cpu:0",
+        "sim:0",
     ]
 
 

@@ -262,6 +262,30 @@ def test_null_nodes_on_host_nop_follows_input_and_heads_come_back() -> None:
     assert plan.makespan == pytest.approx(plan.finish[5] + back)
 
 
+def test_a_split_pays_only_beyond_the_hosts_sync_latency() -> None:
+    """x -> a (the head): 1 ms on the cpu, 0.5 ms on a sim over a free link.
+    Running a on the sim saves 0.5 ms, and bringing its output back costs
+    the cpu stream's wake-up: the split pays while that is shorter."""
+    f32 = TensorSpec((4,), "float32")
+    dag = make_dag(
+        [
+            NodeSpec("x", "null", "", (), (f32,)),
+            NodeSpec("a", "tvm_op", "f", (Entry(0, 0),), (f32,), flops=1e6),
+        ],
+        GraphSpec((0,), (), (Entry(1, 0),)),
+    )
+    devices = [CPU, P[0]]
+    for wake, where, makespan in ((4e-4, P[0], 9e-4), (6e-4, CPU, 1e-3)):
+        speeds = {
+            CPU: DeviceSpeed(flops=1e9, sync_latency=wake),
+            P[0]: DeviceSpeed(flops=2e9),
+        }
+        for policy in ("heft", "peft", "lookahead", "auto"):
+            plan = place(dag, devices, AnalyticCostModel(dag, speeds), policy)
+            assert plan.device_of[1] == where, (policy, wake)
+            assert plan.makespan == pytest.approx(makespan)
+
+
 def test_pins_are_respected() -> None:
     dag = _model_graph()
     nodes = [dag.nodes[n]["spec"] for n in sorted(dag.nodes)]
