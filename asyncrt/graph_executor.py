@@ -395,7 +395,8 @@ class GraphModule:
         the first pooled run)."""
         if self._workers is None or self._blas_env is None:
             return None
-        return self._blas_env.get(_blas_choice.ENV, "default")
+        env = {**self._workers.env, **self._blas_env}  # worker_env may name it
+        return env.get(_blas_choice.ENV, "default")
 
     @property
     def worker_blas_timing(self) -> Mapping[str, float] | None:

@@ -240,6 +240,19 @@ async def test_a_named_set_is_used_without_timing(
         await ex.aclose()
 
 
+@pytest.mark.anyio
+async def test_a_set_named_in_worker_env_is_the_workers_set() -> None:
+    ex = make(worker_env={ENV: "Nehalem"}, max_contexts=1)
+    try:
+        check(await ex.run(x=X), X)
+        assert ex.worker_blas == "Nehalem"
+        assert ex.worker_blas_timing is None
+        (pid,) = worker_pids()
+        assert worker_env(pid)[ENV] == "Nehalem"
+    finally:
+        await ex.aclose()
+
+
 def test_worker_blas_is_checked() -> None:
     with pytest.raises(ArgumentError, match="worker_blas"):
         make(worker_blas="Has well; rm")
