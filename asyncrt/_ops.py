@@ -254,22 +254,32 @@ _ERF_Q = (
 )
 
 
+_ERF_P32 = tuple(np.float32(c) for c in _ERF_P)
+_ERF_Q32 = tuple(np.float32(c) for c in _ERF_Q)
+_FOUR32 = np.float32(4)
+
+
 def erf_float32(xp: ModuleType, a: Array, out: Array) -> None:
     """erf of float32 ``a`` into ``out`` (may be ``a``) with whole-array
-    calls: Eigen's rational approximation (see ``_ERF_P``)."""
-    f32 = xp.float32
-    x = xp.clip(a, f32(-4), f32(4))
+    calls: Eigen's rational approximation (see ``_ERF_P``). The constants
+    are float32 scalars made once, and each polynomial's Horner loop starts
+    from its first product, so there is no fill and no ``clip`` wrapper."""
+    p, q = _ERF_P32, _ERF_Q32
+    x = xp.minimum(a, _FOUR32)
+    xp.maximum(x, -_FOUR32, out=x)
     x2 = xp.multiply(x, x)
-    q = xp.full_like(x2, f32(_ERF_Q[0]))
-    for c in _ERF_Q[1:]:
-        xp.multiply(q, x2, q)
-        xp.add(q, f32(c), q)
-    out[...] = f32(_ERF_P[0])
-    for c in _ERF_P[1:]:
+    den = xp.multiply(x2, q[0])
+    xp.add(den, q[1], den)
+    for c in q[2:]:
+        xp.multiply(den, x2, den)
+        xp.add(den, c, den)
+    xp.multiply(x2, p[0], out)
+    xp.add(out, p[1], out)
+    for c in p[2:]:
         xp.multiply(out, x2, out)
-        xp.add(out, f32(c), out)
+        xp.add(out, c, out)
     xp.multiply(out, x, out)
-    xp.divide(out, q, out)
+    xp.divide(out, den, out)
 
 
 def _softplus(xp: ModuleType) -> Callable[..., None]:
