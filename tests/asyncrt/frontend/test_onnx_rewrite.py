@@ -1,0 +1,188 @@
+"""Import-time rewrites: BatchNormalization folded into Conv, Conv -> Relu
+fused; each where it is safe only, each matching ONNX Runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import asyncrt
+from asyncrt.frontend import from_onnx
+from asyncrt.frontend._rewrite import rewrite
+
+from .models import small_cnn
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _bn_inits(rng: np.random.Generator, channels: int) -> list[onnx.TensorProto]:
+    arrays = {
+        "scale": rng.uniform(0.5, 1.5, channels),
+        "shift": rng.standard_normal(channels),
+        "mean": rng.standard_normal(channels),
+        "var": rng.uniform(0.5, 1.5, channels),
+    }
+    return [
+        numpy_helper.from_array(a.astype(np.float32), name)
+        for name, a in arrays.items()
+    ]
+
+
+def _conv_model(
+    tail: list[onnx.NodeProto],
+    outputs: list[str],
+    *,
+    bias: bool = True,
+    strides: tuple[int, int] = (1, 1),
+    stats_input: bool = False,
+) -> onnx.ModelProto:
+    """x (2, 3, 7, 6) -> Conv (4 channels, 3x3, pad 1) named "c" -> ``tail``."""
+    rng = np.random.default_rng(5)
+    inits = [
+        numpy_helper.from_array(
+            rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"
+        ),
+        *_bn_inits(rng, 4),
+    ]
+    if bias:
+        inits.append(
+            numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")
+        )
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 7, 6])]
+    if stats_input:  # the mean is a graph input: not a constant
+        inits = [i for i in inits if i.name != "mean"]
+        inputs.append(helper.make_tensor_value_info("mean", TensorProto.FLOAT, [4]))
+    conv = helper.make_node(
+        "Conv",
+        ["x", "w", "b"] if bias else ["x", "w"],
+        ["c"],
+        pads=[1, 1, 1, 1],
+        strides=list(strides),
+        name="conv",
+    )
+    graph = helper.make_graph(
+        [conv, *tail],
+        "g",
+        inputs,
+        [
+            helper.make_tensor_value_info(o, TensorProto.FLOAT, ["d"] * 4)
+            for o in outputs
+        ],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def _bn(x: str = "c", y: str = "n") -> onnx.NodeProto:
+    return helper.make_node(
+        "BatchNormalization",
+        [x, "scale", "shift", "mean", "var"],
+        [y],
+        epsilon=1e-3,
+        name="bn",
+    )
+
+
+def _relu(x: str, y: str) -> onnx.NodeProto:
+    return helper.make_node("Relu", [x], [y], name=f"relu_{x}")
+
+
+def _ops(model: onnx.ModelProto, **kw: bool) -> list[str]:
+    graph, _ = from_onnx(model, **kw)
+    return [str(node.attrs.get("onnx_op")) for node in graph.nodes if not node.is_null]
+
+
+def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
+    """asyncrt (rewritten) against ONNX Runtime, every output."""
+    session = ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    want = session.run(None, feeds)
+    graph, params = from_onnx(model)
+    with asyncrt.build(graph, params).create("cpu") as executor:
+        got = executor.run_sync(**feeds) or []
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=1e-5)
+
+
+def _x() -> np.ndarray:
+    return np.random.default_rng(6).standard_normal((2, 3, 7, 6)).astype(np.float32)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_batch_norm_folds_into_the_conv_before_it(bias: bool) -> None:
+    model = _conv_model([_bn()], ["n"], bias=bias)
+    before = model.SerializeToString()
+    assert _ops(model) == ["Conv"]
+    assert _ops(model, optimize=False) == ["Conv", "BatchNormalization"]
+    assert model.SerializeToString() == before  # the caller's model untouched
+    _check(model, {"x": _x()})
+
+
+def test_folded_weights_are_the_literal_products() -> None:
+    model = _conv_model([_bn()], ["n"])
+    done = rewrite(model)
+    assert done.folded == 1 and done.relu == set()
+    (conv,) = done.model.graph.node
+    inits = {i.name: numpy_helper.to_array(i) for i in done.model.graph.initializer}
+    w, b = inits[conv.input[1]], inits[conv.input[2]]
+    scale, shift, mean, var = (
+        inits[k].astype(np.float64) for k in ("scale", "shift", "mean", "var")
+    )
+    a = scale / np.sqrt(var + 1e-3)
+    np.testing.assert_array_equal(
+        w, (inits["w"] * a.reshape(4, 1, 1, 1)).astype(np.float32)
+    )
+    np.testing.assert_array_equal(
+        b, ((inits["b"] - mean) * a + shift).astype(np.float32)
+    )
+    assert list(conv.output) == ["n"]
+
+
+def test_conv_relu_fuses_after_a_fold() -> None:
+    model = _conv_model([_bn(), _relu("n", "r")], ["r"])
+    done = rewrite(model)
+    assert (done.folded, done.relu) == (1, {"r"})
+    graph, _ = from_onnx(model)
+    (conv,) = [n for n in graph.nodes if not n.is_null]
+    assert '"activation":"relu"' in str(conv.attrs["op_attrs"]).replace(" ", "")
+    _check(model, {"x": _x()})
+
+
+def test_conv_relu_fuses_on_the_strided_path_too() -> None:
+    model = _conv_model([_relu("c", "r")], ["r"], strides=(2, 1))
+    assert _ops(model) == ["Conv"]
+    _check(model, {"x": _x()})
+
+
+def test_nothing_is_rewritten_where_the_conv_output_is_read_elsewhere() -> None:
+    # The conv output is a graph output, and another node's input.
+    as_output = _conv_model([_bn(), _relu("n", "r")], ["c", "r"])
+    assert _ops(as_output) == ["Conv", "BatchNormalization", "Relu"]
+    _check(as_output, {"x": _x()})
+    two_readers = _conv_model(
+        [_bn(), _relu("c", "r")], ["n", "r"]
+    )  # conv -> bn and conv -> relu
+    assert sorted(_ops(two_readers)) == ["BatchNormalization", "Conv", "Relu"]
+    _check(two_readers, {"x": _x()})
+
+
+def test_statistics_that_are_inputs_are_not_folded() -> None:
+    model = _conv_model([_bn()], ["n"], stats_input=True)
+    assert _ops(model) == ["Conv", "BatchNormalization"]
+    mean = np.random.default_rng(7).standard_normal(4).astype(np.float32)
+    _check(model, {"x": _x(), "mean": mean})
+
+
+def test_the_small_cnn_loses_its_batch_norms_and_relus() -> None:
+    ops = _ops(small_cnn())
+    assert "BatchNormalization" not in ops
+    # relu1 reads a folded conv (folded into it); relu2's conv output goes
+    # to bn2, then relu2 (both fused); relu3 follows conv3.
+    assert "Relu" not in ops
+    assert ops.count("Conv") == 3
