@@ -274,20 +274,6 @@ define("global_avg_pool")(_global("mean"))
 define("global_max_pool")(_global("max"))
 
 
-def _ones(xp: ModuleType, width: int, dtype: np.dtype[Any]) -> Array:
-    """A read-only vector of ``width`` ones (cached, on numpy)."""
-    if xp is np:
-        return _np_ones(width, dtype.str)
-    return xp.ones(width, dtype=dtype)
-
-
-@functools.lru_cache(maxsize=16)
-def _np_ones(width: int, dtype: str) -> np.ndarray[Any, Any]:
-    ones = np.ones(width, dtype=dtype)
-    ones.flags.writeable = False
-    return ones
-
-
 def _means(xp: ModuleType, width: int, dtype: np.dtype[Any]) -> Array:
     """A read-only vector of ``width`` times ``1 / width`` (cached, on
     numpy)."""
@@ -355,15 +341,16 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
     def rows(x: Array, y: Array, width: int) -> tuple[Array, Array]:
         """Mean and 1 / std of each row of ``x`` (viewed ``(rows, width)``);
         ``y`` (same dtype) is left holding ``x - mean``. Two reductions and
-        one subtraction, no full-size temporary. The row sums are one
-        matrix-vector product (BLAS; numpy's ``add.reduce`` over short rows
-        costs more), the squares' sums one ``einsum``."""
+        one subtraction, no full-size temporary. The row means are one
+        matrix-vector product with ``1 / width`` (BLAS; numpy's
+        ``add.reduce`` over short rows costs more), the squares' sums one
+        ``einsum``."""
         flat, centred = x.reshape(-1, width), y.reshape(-1, width)
         if x.dtype.itemsize >= 4:
-            mean = xp.matmul(flat, _ones(xp, width, x.dtype)).reshape(-1, 1)
+            mean = xp.matmul(flat, _means(xp, width, x.dtype)).reshape(-1, 1)
         else:  # half precision: numpy's pairwise sum, not a half-precision dot
             mean = xp.add.reduce(flat, axis=1, keepdims=True)
-        mean *= 1 / width
+            mean *= 1 / width
         xp.subtract(flat, mean, centred)
         var = xp.einsum("ij,ij->i", centred, centred).reshape(-1, 1)
         var *= 1 / width

@@ -98,6 +98,16 @@ def _arg_reduce(xp: ModuleType, attrs: Attrs) -> Kernel:
     return arg_reduce
 
 
+#: Softmax skips the shift by each row's maximum where every input lies
+#: within this bound: each ``exp(x)`` is then a normal float32 between
+#: ``exp(-64)`` and ``exp(64)`` (nothing overflows or underflows, each term
+#: keeps full relative precision, and a row of fewer than 2**60 of them
+#: cannot overflow its sum), and ``exp(x) / sum(exp(x))`` is the row's
+#: softmax exactly as ``exp(x - max)`` over its sum is, with one rounding
+#: fewer (no subtraction).
+NO_SHIFT_BOUND = 64.0
+
+
 @define("softmax")
 def _softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
     axes = ints(attrs, "axes")
@@ -106,13 +116,22 @@ def _softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
     def last_axis(a: Array, out: Array) -> None:
         """Softmax over the last axis of float rows: the row sums are one
         matrix-vector product (BLAS, 3-4x numpy's add.reduce), the
-        division a multiplication by their reciprocals."""
+        division a multiplication by their reciprocals. The row maxima
+        are subtracted only where some input lies outside
+        ``[-NO_SHIFT_BOUND, NO_SHIFT_BOUND]`` (two whole-array reductions
+        tell): numpy reduces short rows one at a time (58 us for 1024 rows
+        of 128 here, plus 30 us for the subtraction)."""
         width = a.shape[-1]
-        rows = out.reshape(-1, width)
+        flat, rows = a.reshape(-1, width), out.reshape(-1, width)
         with quiet(xp):
-            peak = xp.fmax.reduce(a.reshape(-1, width), axis=1, keepdims=True)
-            xp.subtract(a.reshape(-1, width), peak, rows)
-            xp.exp(rows, rows)
+            low = xp.minimum.reduce(flat, axis=None)
+            high = xp.maximum.reduce(flat, axis=None)
+            if low >= -NO_SHIFT_BOUND and high <= NO_SHIFT_BOUND:
+                xp.exp(flat, rows)
+            else:  # also for NaN and infinities, which compare false
+                peak = xp.fmax.reduce(flat, axis=1, keepdims=True)
+                xp.subtract(flat, peak, rows)
+                xp.exp(rows, rows)
             totals = xp.matmul(rows, _ones(width, rows.dtype.str))
             xp.reciprocal(totals, totals)
             xp.multiply(rows, totals.reshape(-1, 1), rows)
