@@ -10,7 +10,8 @@ evaluated right away with the same kernel on numpy — constant folding, so
 become attributes of the kernels that need them. Constants that reach a
 run-time kernel become parameters, named after their ONNX values. Before that, with
 ``optimize`` (the default), :mod:`._rewrite` folds BatchNormalization into
-the Conv before it and fuses Conv -> Relu.
+the Conv before it, fuses Conv -> Relu and merges MatMuls that share an
+input.
 
 Every refusal names the operator, node and opset
 (:class:`~asyncrt.errors.UnsupportedOpError`) or the value or input
@@ -112,7 +113,9 @@ def from_onnx(
     :param optimize: rewrite the graph first as ONNX Runtime's basic
         optimisations do: fold BatchNormalization into the Conv before it,
         and apply a Relu after a Conv inside the convolution, where nothing
-        else reads the Conv's output (results agree to float rounding).
+        else reads the Conv's output; merge MatMuls of one input by
+        constant weights (a transformer's Q/K/V projections) into one
+        (results agree to float rounding).
     :return: the graph and its parameters by name (initializers and folded
         constants that kernels read).
     :raises GraphError: if the model is unreadable or invalid, an input's

@@ -186,3 +186,96 @@ def test_the_small_cnn_loses_its_batch_norms_and_relus() -> None:
     # to bn2, then relu2 (both fused); relu3 follows conv3.
     assert "Relu" not in ops
     assert ops.count("Conv") == 3
+
+
+def _projections(opset: int, product_is_output: bool = False) -> onnx.ModelProto:
+    """x (2, 5, 6) -> x @ wa + ba, x @ wb + bb (and x @ wc, 6 rows too,
+    unbiased; x @ wd has 4 rows and reads another input: not merged)."""
+    rng = np.random.default_rng(8)
+    arrays = {
+        "wa": rng.standard_normal((6, 3)),
+        "wb": rng.standard_normal((6, 5)),
+        "wc": rng.standard_normal((6, 2)),
+        "wd": rng.standard_normal((4, 2)),
+        "ba": rng.standard_normal(3),
+        "bb": rng.standard_normal(5),
+    }
+    inits = [
+        numpy_helper.from_array(a.astype(np.float32), k) for k, a in arrays.items()
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "wa"], ["pa"], name="a"),
+        helper.make_node("Add", ["pa", "ba"], ["ya"], name="a_bias"),
+        helper.make_node("MatMul", ["x", "wb"], ["pb"], name="b"),
+        helper.make_node("Add", ["bb", "pb"], ["yb"], name="b_bias"),
+        helper.make_node("MatMul", ["x", "wc"], ["yc"], name="c"),
+        helper.make_node("MatMul", ["z", "wd"], ["yd"], name="d"),
+    ]
+    outputs = ["ya", "yb", "yc", "yd"] + (["pa"] if product_is_output else [])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 6]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [3, 4]),
+        ],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["d"]) for o in outputs],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _feeds() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(9)
+    return {
+        "x": rng.standard_normal((2, 5, 6)).astype(np.float32),
+        "z": rng.standard_normal((3, 4)).astype(np.float32),
+    }
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_matmuls_sharing_an_input_merge_into_one(opset: int) -> None:
+    model = _projections(opset)
+    done = rewrite(model)
+    assert done.merged == 3
+    ops = [n.op_type for n in done.model.graph.node]
+    # a, b and c share x (6 rows); d reads z. With c unbiased, the biases
+    # are not merged: the Adds stay and read the Split's outputs.
+    assert ops == ["MatMul", "Split", "Add", "Add", "MatMul"]
+    merged = done.model.graph.node[0]
+    inits = {i.name: numpy_helper.to_array(i) for i in done.model.graph.initializer}
+    np.testing.assert_array_equal(
+        inits[merged.input[1]],
+        np.concatenate([inits["wa"], inits["wb"], inits["wc"]], axis=1),
+    )
+    assert list(done.model.graph.node[1].output) == ["pa", "pb", "yc"]
+    _check(model, _feeds())
+
+
+def test_biases_merge_where_every_product_has_one() -> None:
+    model = _projections(17)
+    # drop c: a and b both have biases, so one Add serves both
+    kept = [n for n in model.graph.node if n.name != "c"]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    del model.graph.output[2]
+    done = rewrite(model)
+    ops = [n.op_type for n in done.model.graph.node]
+    assert ops == ["MatMul", "Add", "Split", "MatMul"]
+    assert list(done.model.graph.node[2].output) == ["ya", "yb"]
+    _check(model, {**_feeds()})
+
+
+def test_a_product_that_is_a_graph_output_keeps_its_bias_add() -> None:
+    model = _projections(17, product_is_output=True)
+    ops = [n.op_type for n in rewrite(model).model.graph.node]
+    assert ops == ["MatMul", "Split", "Add", "Add", "MatMul"]
+    _check(model, _feeds())
+
+
+def test_the_encoder_block_merges_its_q_k_v_projections() -> None:
+    from .models import encoder_block
+
+    done = rewrite(encoder_block())
+    assert done.merged == 3
+    assert [n.op_type for n in done.model.graph.node].count("Split") == 1
