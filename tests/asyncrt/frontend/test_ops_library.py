@@ -134,8 +134,8 @@ def test_last_axis_softmax_matches_the_definition() -> None:
 def test_softmax_with_and_without_the_row_shift(
     scale: float, extra: float | None
 ) -> None:
+    from asyncrt._ops import NO_SHIFT_BOUND
     from asyncrt.ops._registry import lookup
-    from asyncrt.ops.reduce import NO_SHIFT_BOUND
 
     rng = np.random.default_rng(6)
     a = (rng.standard_normal((4, 5, 19)) * scale).astype(np.float32)
@@ -152,3 +152,22 @@ def test_softmax_with_and_without_the_row_shift(
     if extra is not None and not np.isfinite(extra):
         assert np.isnan(out[1, 2]).all()  # that row only, as the reference
         assert np.isfinite(out[0]).all()
+
+
+@pytest.mark.parametrize("peak", [3.0, 1e3, np.inf])
+def test_builtin_softmax_matches_the_definition(peak: float) -> None:
+    """The built-in ``softmax`` kernel (TVM graphs) shares the library
+    op's last-axis path: within the no-shift bound, outside it, and with
+    an infinite row."""
+    from asyncrt import get_global_func
+
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((3, 4, 9)).astype(np.float32)
+    a[2, 1, 4] = peak
+    out = np.full_like(a, -1.0)
+    get_global_func("softmax", "cpu")(a, out)
+    wide = a.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(wide - wide.max(axis=-1, keepdims=True))
+        want = e / e.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-7)
