@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from devices import Device, NDArray, from_dlpack
+from devices import Device, NDArray
+from devices._ndarray import wrap_fresh_host
 from scheduler.dag import Entry
 
 from ._context import RunContext
@@ -61,9 +62,9 @@ class HostFeed:
             }
         self._entries = frozenset(owned.values())
         arrays = [context.output(entry) for entry in heads]
-        self._outputs: list[np.ndarray[Any, Any]] | None = None
+        self._outputs: list[tuple[np.ndarray[Any, Any], str]] | None = None
         if host == Device("cpu") and all(a.device == host for a in arrays):
-            self._outputs = [array.backend_array() for array in arrays]
+            self._outputs = [(array.backend_array(), array.dtype) for array in arrays]
 
     def fill(self, inputs: Mapping[str, Any]) -> bool:
         """Copy ``inputs`` into the context if they are exactly the owned
@@ -92,4 +93,4 @@ class HostFeed:
         output is not on the cpu."""
         if self._outputs is None:
             return None
-        return [from_dlpack(view.copy()) for view in self._outputs]
+        return [wrap_fresh_host(view.copy(), dtype) for view, dtype in self._outputs]

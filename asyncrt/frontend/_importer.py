@@ -8,7 +8,10 @@ lowers the node. A node whose kernel arguments are all constants is
 evaluated right away with the same kernel on numpy — constant folding, so
 ``Shape -> Gather -> Concat -> Reshape`` chains vanish and their results
 become attributes of the kernels that need them. Constants that reach a
-run-time kernel become parameters, named after their ONNX values.
+run-time kernel become parameters, named after their ONNX values. Before that, with
+``optimize`` (the default), :mod:`._rewrite` folds BatchNormalization into
+the Conv before it, fuses Conv -> Relu and merges MatMuls that share an
+input.
 
 Every refusal names the operator, node and opset
 (:class:`~asyncrt.errors.UnsupportedOpError`) or the value or input
@@ -34,6 +37,7 @@ from .._kernels import get_global_func
 from ..errors import GraphError, UnsupportedOpError
 from ..graph import Graph, GraphBuilder, TensorHandle
 from ..ops import OP_ATTRS_ATTR, OP_NAME_ATTR, encode_attrs, lookup, register_op_kernel
+from ._rewrite import Rewritten, rewrite
 from ._rules import NOP, RULES, Call, Folded, NodeContext
 from ._values import Const, Tensor, Value, spec_of, tvm_dtype
 
@@ -96,6 +100,7 @@ def from_onnx(
     shape_dict: Mapping[str, Sequence[int]] | None = None,
     *,
     bind: Mapping[str, Any] | None = None,
+    optimize: bool = True,
 ) -> tuple[Graph, dict[str, np.ndarray[Any, Any]]]:
     """Import an ONNX model, as TVM's ``relay.frontend.from_onnx``.
 
@@ -105,6 +110,12 @@ def from_onnx(
     :param bind: graph inputs fixed to values at import time; they become
         constants (folded where they decide shapes). See
         :func:`static_inputs` for the inputs a model needs bound.
+    :param optimize: rewrite the graph first as ONNX Runtime's basic
+        optimisations do: fold BatchNormalization into the Conv before it,
+        and apply a Relu after a Conv inside the convolution, where nothing
+        else reads the Conv's output; merge MatMuls of one input by
+        constant weights (a transformer's Q/K/V projections) into one
+        (results agree to float rounding).
     :return: the graph and its parameters by name (initializers and folded
         constants that kernels read).
     :raises GraphError: if the model is unreadable or invalid, an input's
@@ -113,7 +124,10 @@ def from_onnx(
         shape asyncrt does not implement (naming node, operator and opset).
     """
     proto = load_model(model)
-    return _Importer(proto, shape_dict or {}, bind or {}).run()
+    rewritten = rewrite(proto) if optimize else Rewritten(proto)
+    importer = _Importer(rewritten.model, shape_dict or {}, bind or {})
+    importer.relu_convs = rewritten.relu
+    return importer.run()
 
 
 class _Importer:
@@ -133,6 +147,8 @@ class _Importer:
         self.params: dict[str, np.ndarray[Any, Any]] = {}
         self.param_handles: dict[str, TensorHandle] = {}
         self.used_names: set[str] = set()
+        #: outputs of Conv nodes that apply a fused Relu (see ``_rewrite``)
+        self.relu_convs: set[str] = set()
 
     def run(self) -> tuple[Graph, dict[str, np.ndarray[Any, Any]]]:
         self._inputs()
@@ -300,6 +316,14 @@ class _Importer:
         if any(not o for o in node.output[: len(node.output) - _trailing_empty(node)]):
             raise context.unsupported("an omitted output followed by a used one")
         lowering = found.lower(context)
+        if (
+            isinstance(lowering, Call)
+            and node.op_type == "Conv"
+            and node.output[0] in self.relu_convs
+            and lowering.attrs is not None
+        ):
+            attrs = {**lowering.attrs, "activation": "relu"}
+            lowering = Call(lowering.func, lowering.args, attrs)
         if (
             isinstance(lowering, Call)
             and found.folds

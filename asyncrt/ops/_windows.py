@@ -11,6 +11,7 @@ kernel reduces or gathers.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -52,30 +53,37 @@ class Geometry:
 
         ``end`` is the explicit (or automatic) padding; ``reach`` extends it
         where ``ceil_mode`` lets the last window run past the padded input.
+        Worked out once per shape (kernels call this on every run).
         """
-        rank = len(in_shape)
-        need = [
-            (out - 1) * stride + self.extent(axis)
-            for axis, (out, stride) in enumerate(
-                zip(out_shape, self.strides, strict=True)
-            )
-        ]
-        if self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            total = [max(0, n - i) for n, i in zip(need, in_shape, strict=True)]
-            small = tuple(t // 2 for t in total)
-            large = tuple(t - t // 2 for t in total)
-            begin, end = (
-                (small, large) if self.auto_pad == "SAME_UPPER" else (large, small)
-            )
-        elif self.auto_pad == "VALID" or self.pads is None:
-            begin = end = (0,) * rank
-        else:
-            begin, end = self.pads[:rank], self.pads[rank:]
-        reach = tuple(
-            max(e, n - i - b)
-            for n, i, b, e in zip(need, in_shape, begin, end, strict=True)
+        return _padding(self, tuple(in_shape), tuple(out_shape))
+
+
+@functools.lru_cache(maxsize=256)
+def _padding(
+    geometry: Geometry, in_shape: tuple[int, ...], out_shape: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    rank = len(in_shape)
+    need = [
+        (out - 1) * stride + geometry.extent(axis)
+        for axis, (out, stride) in enumerate(
+            zip(out_shape, geometry.strides, strict=True)
         )
-        return begin, end, reach
+    ]
+    if geometry.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        total = [max(0, n - i) for n, i in zip(need, in_shape, strict=True)]
+        small = tuple(t // 2 for t in total)
+        large = tuple(t - t // 2 for t in total)
+        begin, end = (
+            (small, large) if geometry.auto_pad == "SAME_UPPER" else (large, small)
+        )
+    elif geometry.auto_pad == "VALID" or geometry.pads is None:
+        begin = end = (0,) * rank
+    else:
+        begin, end = geometry.pads[:rank], geometry.pads[rank:]
+    reach = tuple(
+        max(e, n - i - b) for n, i, b, e in zip(need, in_shape, begin, end, strict=True)
+    )
+    return begin, end, reach
 
 
 def pad_spatial(
@@ -147,24 +155,27 @@ def reduce_windows(
     6-D strided view, which numpy runs element by element (10-20x slower
     on the test CNN's pools).
     """
-    out_shape = out.shape[2:]
-    offsets = itertools.product(*(range(k) for k in geometry.kernel))
-    for n, offset in enumerate(offsets):
-        index = (
+    first, *rest = _window_slices(geometry, tuple(out.shape[2:]))
+    out[...] = padded[first]
+    for index in rest:
+        combine(out, padded[index], out=out)
+
+
+@functools.lru_cache(maxsize=64)
+def _window_slices(
+    geometry: Geometry, out_shape: tuple[int, ...]
+) -> tuple[tuple[slice, ...], ...]:
+    """One index per kernel offset: that offset's cell of every window."""
+    return tuple(
+        (
             slice(None),
             slice(None),
             *(
                 slice(k * d, k * d + (o - 1) * s + 1, s)
                 for k, d, o, s in zip(
-                    offset,
-                    geometry.dilations,
-                    out_shape,
-                    geometry.strides,
-                    strict=True,
+                    offset, geometry.dilations, out_shape, geometry.strides, strict=True
                 )
             ),
         )
-        if n == 0:
-            out[...] = padded[index]
-        else:
-            combine(out, padded[index], out=out)
+        for offset in itertools.product(*(range(k) for k in geometry.kernel))
+    )

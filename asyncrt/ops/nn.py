@@ -17,6 +17,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +32,7 @@ __all__ = ()
 
 Kernel = Callable[..., None]
 _AUTO_PAD = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+_ACTIVATIONS = ("none", "relu")
 
 
 def _geometry(attrs: Attrs) -> Geometry:
@@ -65,6 +67,8 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
     group = integer(attrs, "group")
     has_bias = flag(attrs, "bias")
     rank = len(geometry.kernel)
+    # An activation applied in place (the ONNX frontend fuses Conv -> Relu).
+    relu = "activation" in attrs and choice(attrs, "activation", _ACTIVATIONS) == "relu"
 
     def conv(x: Array, w: Array, *rest: Array) -> None:
         if x.dtype == np.float16:
@@ -78,7 +82,9 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         if all(s == 1 for s in geometry.strides):
             begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
             bias = rest[0] if has_bias else None
-            conv_stride1(xp, x, w, bias, out, group, begin, geometry.dilations)
+            conv_stride1(
+                xp, x, w, bias, out, group, begin, geometry.dilations, relu=relu
+            )
             return
         n, c = x.shape[:2]
         m = w.shape[0]
@@ -100,6 +106,8 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             xp.matmul(weights, cols, out=out.reshape(n, group, mg, positions))
         if has_bias:
             xp.add(grouped, rest[0].reshape(group, mg, *(1,) * rank), grouped)
+        if relu:
+            xp.maximum(out, 0, out=out)
 
     return conv
 
@@ -246,6 +254,15 @@ def _global(reduce: str) -> Callable[[ModuleType, Attrs], Kernel]:
         func = getattr(xp, reduce)
 
         def global_pool(x: Array, out: Array) -> None:
+            size = math.prod(x.shape[2:])
+            if reduce == "mean" and size and x.dtype.kind == "f" and x.itemsize >= 4:
+                # Each plane's mean as one matrix-vector product (BLAS):
+                # numpy's mean over several axes costs several microseconds
+                # more a call, the whole of a small model's pooling.
+                planes = x.shape[0] * x.shape[1]
+                weights = _means(xp, size, x.dtype)
+                xp.matmul(x.reshape(planes, size), weights, out=out.reshape(planes))
+                return
             func(x, axis=tuple(range(2, x.ndim)), keepdims=True, out=out)
 
         return global_pool
@@ -255,6 +272,21 @@ def _global(reduce: str) -> Callable[[ModuleType, Attrs], Kernel]:
 
 define("global_avg_pool")(_global("mean"))
 define("global_max_pool")(_global("max"))
+
+
+def _means(xp: ModuleType, width: int, dtype: np.dtype[Any]) -> Array:
+    """A read-only vector of ``width`` times ``1 / width`` (cached, on
+    numpy)."""
+    if xp is np:
+        return _np_means(width, dtype.str)
+    return xp.full(width, 1 / width, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _np_means(width: int, dtype: str) -> np.ndarray[Any, Any]:
+    means = np.full(width, 1 / width, dtype=dtype)
+    means.flags.writeable = False
+    return means
 
 
 def _channel_shape(x: Array) -> tuple[int, ...]:
@@ -303,27 +335,38 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
     stash = attrs.get("stash_dtype")
     if stash is not None and not isinstance(stash, str):
         raise ValueError(f"attribute 'stash_dtype' must be a dtype name: {stash!r}")
+    # Resolved once: ``dtype.name`` costs microseconds a call.
+    stash_type = None if stash is None else np.dtype(stash)
 
     def rows(x: Array, y: Array, width: int) -> tuple[Array, Array]:
         """Mean and 1 / std of each row of ``x`` (viewed ``(rows, width)``);
         ``y`` (same dtype) is left holding ``x - mean``. Two reductions and
-        one subtraction, no full-size temporary."""
+        one subtraction, no full-size temporary. The row means are one
+        matrix-vector product with ``1 / width`` (BLAS; numpy's
+        ``add.reduce`` over short rows costs more), the squares' sums one
+        ``einsum``."""
         flat, centred = x.reshape(-1, width), y.reshape(-1, width)
-        mean = xp.add.reduce(flat, axis=1, keepdims=True)
-        mean *= 1 / width
+        if x.dtype.itemsize >= 4:
+            mean = xp.matmul(flat, _means(xp, width, x.dtype)).reshape(-1, 1)
+        else:  # half precision: numpy's pairwise sum, not a half-precision dot
+            mean = xp.add.reduce(flat, axis=1, keepdims=True)
+            mean *= 1 / width
         xp.subtract(flat, mean, centred)
         var = xp.einsum("ij,ij->i", centred, centred).reshape(-1, 1)
         var *= 1 / width
         var += epsilon
-        return mean, 1 / xp.sqrt(var)
+        xp.sqrt(var, var)
+        xp.reciprocal(var, var)
+        return mean, var
 
     def layer_norm(x: Array, scale: Array, *rest: Array) -> None:
         bias = rest[0] if has_bias else None
         y, *stats = rest[1:] if has_bias else rest
         start = axis % x.ndim
-        if y.dtype == x.dtype and stash in (None, x.dtype.name):
+        if y.dtype == x.dtype and (stash_type is None or stash_type == x.dtype):
             mean, inv = rows(x, y, math.prod(x.shape[start:]))
-            xp.multiply(y.reshape(inv.shape[0], -1), inv, y.reshape(inv.shape[0], -1))
+            flat = y.reshape(inv.shape[0], -1)
+            xp.multiply(flat, inv, flat)
             xp.multiply(y, scale, y)
             if bias is not None:
                 xp.add(y, bias, y)

@@ -7,7 +7,6 @@ identity, as ONNX defines (``-inf`` for max, ``0`` for a sum, ...).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from types import ModuleType
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._ops import softmax_last_axis
 from ._common import Array, choice, flag, integer, ints, opt_ints, quiet
 from ._registry import Attrs, define
 
@@ -103,20 +103,6 @@ def _softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
     axes = ints(attrs, "axes")
     log = flag(attrs, "log")
 
-    def last_axis(a: Array, out: Array) -> None:
-        """Softmax over the last axis of float rows: the row sums are one
-        matrix-vector product (BLAS, 3-4x numpy's add.reduce), the
-        division a multiplication by their reciprocals."""
-        width = a.shape[-1]
-        rows = out.reshape(-1, width)
-        with quiet(xp):
-            peak = xp.fmax.reduce(a.reshape(-1, width), axis=1, keepdims=True)
-            xp.subtract(a.reshape(-1, width), peak, rows)
-            xp.exp(rows, rows)
-            totals = xp.matmul(rows, _ones(width, rows.dtype.str))
-            xp.reciprocal(totals, totals)
-            xp.multiply(rows, totals.reshape(-1, 1), rows)
-
     def softmax(a: Array, out: Array) -> None:
         if (
             xp is np
@@ -125,7 +111,7 @@ def _softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
             and a.dtype in (np.float32, np.float64)
             and a.size
         ):
-            last_axis(a, out)
+            softmax_last_axis(a, out)
             return
         with quiet(xp):
             xp.subtract(a, a.max(axis=axes, keepdims=True), out)
@@ -136,13 +122,6 @@ def _softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
                 xp.divide(out, out.sum(axis=axes, keepdims=True), out)
 
     return softmax
-
-
-@functools.lru_cache(maxsize=16)
-def _ones(width: int, dtype: str) -> np.ndarray[Any, Any]:
-    ones = np.ones(width, dtype=dtype)
-    ones.flags.writeable = False
-    return ones
 
 
 @define("hardmax")

@@ -106,6 +106,23 @@ def test_run_sync_with_inputs() -> None:
         np.testing.assert_allclose(outs[0].numpy(), reference(x, C, W)[0], rtol=1e-6)
 
 
+def test_run_sync_outputs_on_cpu_are_the_callers_own() -> None:
+    """The cpu fast path (host views of the executor's own context) hands
+    back fresh arrays: the next run does not overwrite them."""
+    with make() as ex:
+        x1, x2 = np.ones(N, dtype=np.float32), np.full(N, -3, dtype=np.float32)
+        first = ex.run_sync(x=x1) or []
+        second = ex.run_sync(x=x2) or []
+        for got, want in zip(first, reference(x1, C, W), strict=True):
+            assert (got.shape, got.dtype, str(got.device)) == ((N,), "float32", "cpu:0")
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+        for got, want in zip(second, reference(x2, C, W), strict=True):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+        own = ex.get_output(0).numpy()
+        assert not np.shares_memory(first[0].numpy(), own)
+        assert not np.shares_memory(second[0].numpy(), own)
+
+
 @pytest.mark.anyio
 async def test_input_checks() -> None:
     with make() as ex:

@@ -118,3 +118,56 @@ def test_last_axis_softmax_matches_the_definition() -> None:
     wide = a.astype(np.float64)
     e = np.exp(wide - wide.max(axis=-1, keepdims=True))
     np.testing.assert_allclose(out, e / e.sum(axis=-1, keepdims=True), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("scale", "extra"),
+    [
+        (10.0, None),  # within NO_SHIFT_BOUND: no row shift
+        (10.0, 64.0),  # at the bound
+        (10.0, -64.5),  # just outside: the row maxima
+        (10.0, 1e4),  # far outside: exp(x) alone would overflow
+        (10.0, np.nan),
+        (10.0, np.inf),
+    ],
+)
+def test_softmax_with_and_without_the_row_shift(
+    scale: float, extra: float | None
+) -> None:
+    from asyncrt._ops import NO_SHIFT_BOUND
+    from asyncrt.ops._registry import lookup
+
+    rng = np.random.default_rng(6)
+    a = (rng.standard_normal((4, 5, 19)) * scale).astype(np.float32)
+    a = np.clip(a, -NO_SHIFT_BOUND, NO_SHIFT_BOUND)
+    if extra is not None:
+        a[1, 2, 3] = extra
+    out = np.full_like(a, -1.0)
+    lookup("softmax").make(np, {"axes": [2], "log": False})(a, out)
+    wide = a.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(wide - wide.max(axis=-1, keepdims=True))
+        want = e / e.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-7)
+    if extra is not None and not np.isfinite(extra):
+        assert np.isnan(out[1, 2]).all()  # that row only, as the reference
+        assert np.isfinite(out[0]).all()
+
+
+@pytest.mark.parametrize("peak", [3.0, 1e3, np.inf])
+def test_builtin_softmax_matches_the_definition(peak: float) -> None:
+    """The built-in ``softmax`` kernel (TVM graphs) shares the library
+    op's last-axis path: within the no-shift bound, outside it, and with
+    an infinite row."""
+    from asyncrt import get_global_func
+
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((3, 4, 9)).astype(np.float32)
+    a[2, 1, 4] = peak
+    out = np.full_like(a, -1.0)
+    get_global_func("softmax", "cpu")(a, out)
+    wide = a.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(wide - wide.max(axis=-1, keepdims=True))
+        want = e / e.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-7)
