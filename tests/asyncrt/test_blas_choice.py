@@ -242,7 +242,7 @@ async def test_a_named_set_is_used_without_timing(
 
 @pytest.mark.anyio
 async def test_a_set_named_in_worker_env_is_the_workers_set() -> None:
-    ex = make(worker_env={ENV: "Nehalem"}, max_contexts=1)
+    ex = make(worker_env={ENV: "Nehalem"}, worker_blas="auto", max_contexts=1)
     try:
         check(await ex.run(x=X), X)
         assert ex.worker_blas == "Nehalem"

@@ -64,6 +64,9 @@ def make(kernel: str = "relu", **kwargs: Any) -> graph_executor.GraphModule:
         "max_contexts": 2,
         "processes": True,
         "worker_imports": KERNELS,
+        # No kernel-set timing before the first run (test_blas_choice.py
+        # tests it): these tests are about the workers themselves.
+        "worker_blas": "default",
     }
     options.update(kwargs)
     return graph_executor.create(
