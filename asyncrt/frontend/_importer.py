@@ -37,6 +37,7 @@ from .._kernels import get_global_func
 from ..errors import GraphError, UnsupportedOpError
 from ..graph import Graph, GraphBuilder, TensorHandle
 from ..ops import OP_ATTRS_ATTR, OP_NAME_ATTR, encode_attrs, lookup, register_op_kernel
+from ._names import DEFAULT_DOMAINS, unique_name
 from ._rewrite import Rewritten, rewrite
 from ._rules import NOP, RULES, Call, Folded, NodeContext
 from ._values import Const, Tensor, Value, spec_of, tvm_dtype
@@ -161,12 +162,7 @@ class _Importer:
     # -- names -----------------------------------------------------------------
 
     def _unique(self, base: str) -> str:
-        name, n = base or "node", 0
-        while name in self.used_names:
-            n += 1
-            name = f"{base}_{n}"
-        self.used_names.add(name)
-        return name
+        return unique_name(base or "node", self.used_names)
 
     # -- graph inputs and initializers -----------------------------------------
 
@@ -258,7 +254,7 @@ class _Importer:
 
     def _node(self, node: onnx.NodeProto) -> None:
         name = node.name or next((o for o in node.output if o), node.op_type)
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in DEFAULT_DOMAINS:
             version = next(
                 (
                     int(o.version)

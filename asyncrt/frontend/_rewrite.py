@@ -36,6 +36,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ._names import is_op, unique_name
+
 __all__ = ("Rewritten", "rewrite")
 
 _FOLDABLE = (np.dtype(np.float32), np.dtype(np.float64))
@@ -129,25 +131,17 @@ class _State:
         if index is None or self.readers[tensor] != 1 or tensor in self.outputs:
             return None
         conv = self.nodes[index]
-        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
-            return None
-        return conv
+        return conv if is_op(conv, "Conv") else None
 
     def fresh(self, base: str) -> str:
-        name, n = base, 0
-        while name in self.names:
-            n += 1
-            name = f"{base}_{n}"
-        self.names.add(name)
-        return name
+        return unique_name(base, self.names)
 
     def fold_batch_norms(self) -> int:
         count = 0
         for index, bn in enumerate(self.nodes):
             if (
                 bn is None
-                or bn.op_type != "BatchNormalization"
-                or bn.domain not in ("", "ai.onnx")
+                or not is_op(bn, "BatchNormalization")
                 or len([o for o in bn.output if o]) != 1
                 or not bn.output[0]
                 or len(bn.input) != 5
@@ -196,12 +190,7 @@ class _State:
     def fuse_relus(self) -> set[str]:
         fused: set[str] = set()
         for index, relu in enumerate(self.nodes):
-            if (
-                relu is None
-                or relu.op_type != "Relu"
-                or relu.domain not in ("", "ai.onnx")
-                or len(relu.output) != 1
-            ):
+            if relu is None or not is_op(relu, "Relu") or len(relu.output) != 1:
                 continue
             conv = self.conv_before(relu)
             if conv is None or conv.output[0] in fused:
@@ -222,8 +211,7 @@ class _State:
         if (
             index is None
             or node is None
-            or node.op_type != "Add"
-            or node.domain not in ("", "ai.onnx")
+            or not is_op(node, "Add")
             or len(node.input) != 2
         ):
             return None
@@ -238,8 +226,7 @@ class _State:
         for index, node in enumerate(self.nodes):
             if (
                 node is None
-                or node.op_type != "MatMul"
-                or node.domain not in ("", "ai.onnx")
+                or not is_op(node, "MatMul")
                 or len(node.input) != 2
                 or node.input[0] in self.inits
             ):
