@@ -276,11 +276,9 @@ def wrap_fresh_host(host: np.ndarray[Any, Any], dtype: str) -> NDArray:
     caller that just made ``host`` itself: a C-contiguous, native-order
     array whose TVM dtype string is ``dtype`` (the executor's output copies,
     a few microseconds cheaper each)."""
-    raw = host.reshape(-1).view(np.uint8)
-    api = get_api("cpu")
     result = NDArray.__new__(NDArray)
-    result.buffer = Buffer(api, _CPU, raw.nbytes, raw)
-    result._api = api
+    result.buffer = _host_buffer(host)
+    result._api = get_api("cpu")
     result.shape = host.shape
     result._np_dtype = host.dtype
     result.dtype = dtype
@@ -301,4 +299,4 @@ def _host_buffer(host: np.ndarray[Any, Any]) -> Buffer:
     """A cpu Buffer over a C-contiguous host array's memory (no copy; not
     counted in the cpu's used bytes, since asyncrt did not allocate it)."""
     raw = host.reshape(-1).view(np.uint8)
-    return Buffer(get_api("cpu"), Device("cpu"), raw.nbytes, raw)
+    return Buffer(get_api("cpu"), _CPU, raw.nbytes, raw)
