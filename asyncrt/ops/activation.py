@@ -8,17 +8,21 @@ so that passes which recognise elementwise kernels by name see them.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from types import ModuleType
 
-from .._ops import make_erf
+import numpy as np
+
+from .._ops import SCIPY_SMALL_FLOAT32, make_erf
 from ._common import Array, choice, flag, number, quiet
 from ._registry import Attrs, define
 
 __all__ = ()
 
 Kernel = Callable[..., None]
+_NDTR_TYPES = (np.float32, np.float64)  # scipy's ndtr loops
 
 
 def _positive_part(xp: ModuleType, a: Array, out: Array) -> None:
@@ -109,6 +113,16 @@ def _gelu(xp: ModuleType, attrs: Attrs) -> Kernel:
     erf = make_erf(xp)
 
     def gelu(a: Array, out: Array) -> None:
+        if (
+            not tanh
+            and xp is np
+            and a.size <= SCIPY_SMALL_FLOAT32
+            and a.dtype in _NDTR_TYPES
+        ):
+            # x Phi(x), Phi the normal CDF, in two calls (see make_erf)
+            importlib.import_module("scipy.special").ndtr(a, out)
+            xp.multiply(out, a, out)
+            return
         if tanh:
             # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
             xp.multiply(a, a, out)

@@ -98,6 +98,79 @@ def test_float32_erf_matches_scipy_within_a_few_ulp() -> None:
     np.testing.assert_array_equal(x, out)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_and_erf_agree_on_both_sides_of_the_small_array_path(
+    dtype: type, approximate: str
+) -> None:
+    """Up to ``SCIPY_SMALL_FLOAT32`` elements, Erf and Gelu take scipy's
+    one-call ufuncs; above it, the rational approximation (float32). Both
+    sides match the double-precision definition, non-finite inputs too."""
+    special = pytest.importorskip("scipy.special")
+    from asyncrt._ops import SCIPY_SMALL_FLOAT32
+    from asyncrt.ops._registry import lookup
+
+    gelu = lookup("gelu").make(np, {"approximate": approximate})
+    erf = asyncrt.get_global_func("erf", "cpu")
+    rng = np.random.default_rng(7)
+    for size in (5, SCIPY_SMALL_FLOAT32, SCIPY_SMALL_FLOAT32 + 1, 4096):
+        x = (rng.standard_normal(size) * 3).astype(dtype)
+        x[:3] = (np.inf, -np.inf, 0.0)
+        wide = x.astype(np.float64)
+        with np.errstate(invalid="ignore"):  # -inf * 0 at -inf
+            if approximate == "none":
+                want = 0.5 * wide * (1 + special.erf(wide / np.sqrt(2)))
+            else:
+                inner = np.sqrt(2 / np.pi) * (wide + 0.044715 * wide**3)
+                want = 0.5 * wide * (1 + np.tanh(inner))
+        got = np.full_like(x, np.nan)
+        with np.errstate(invalid="ignore", over="ignore"):
+            gelu(x, got)
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=2e-6, atol=1e-6)
+        assert got[0] == np.inf  # x Phi(x) at +inf
+        out = np.full_like(x, np.nan)
+        erf(x, out)
+        np.testing.assert_allclose(out, special.erf(wide), rtol=0, atol=1e-6)
+
+
+def test_layer_norm_without_vecdot_matches_with_it() -> None:
+    """numpy < 2 (and cupy) lack ``vecdot``: the squares' sums fall back to
+    ``einsum``, with the same result."""
+    from types import SimpleNamespace
+
+    from asyncrt.ops._registry import lookup
+
+    attrs = {"axis": -1, "epsilon": 1e-5, "bias": True, "stats": 2}
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((6, 40)).astype(np.float32) * 4 + 1
+    scale, bias = rng.standard_normal((2, 40)).astype(np.float32)
+    no_vecdot = SimpleNamespace(
+        **{
+            k: getattr(np, k)
+            for k in dir(np)
+            if k != "vecdot" and not k.startswith("__")
+        }
+    )
+    results = []
+    for xp in (np, no_vecdot):
+        y = np.empty_like(x)
+        mean, inv = np.empty((6, 1), np.float32), np.empty((6, 1), np.float32)
+        lookup("layer_norm").make(xp, attrs)(x, scale, bias, y, mean, inv)  # type: ignore[arg-type]
+        results.append((y, mean, inv))
+    wide = x.astype(np.float64)
+    centred = wide - wide.mean(axis=1, keepdims=True)
+    want = centred / np.sqrt((centred**2).mean(axis=1, keepdims=True) + 1e-5)
+    for y, mean, inv in results:
+        np.testing.assert_allclose(y, want * scale + bias, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(mean[:, 0], wide.mean(axis=1), rtol=1e-6)
+        np.testing.assert_allclose(
+            inv[:, 0], 1 / np.sqrt(centred.var(axis=1) + 1e-5), rtol=1e-5
+        )
+    for got, other in zip(results[0], results[1], strict=True):
+        np.testing.assert_allclose(got, other, rtol=1e-6, atol=1e-6)
+
+
 def erf_float32_of(value: np.float32) -> np.float32:
     from asyncrt._ops import erf_float32
 
