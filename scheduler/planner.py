@@ -257,30 +257,34 @@ def _plan_device_storage(
     fixed: Mapping[Entry, TensorPlacement],
 ) -> tuple[dict[Entry, int], Arena]:
     """Offsets for one device's tensors: two tensors conflict unless every
-    access of one happens before the other is written."""
-    writer: dict[Entry, LaunchRef] = {}
+    access of one happens before the other is written (by every part, for
+    a tensor written by a split node's parts)."""
+    writers: dict[Entry, list[LaunchRef]] = {}
     touches: dict[Entry, list[LaunchRef]] = {}
     for ref, launch in order.launch_at.items():
         for position, entry in enumerate(launch.args):
             owner = aliases.get(entry, entry)
             touches.setdefault(owner, []).append(ref)
             if position >= launch.num_inputs:
-                writer[owner] = ref
+                writers.setdefault(owner, []).append(ref)
     live_forever = {aliases.get(h, h) for h in heads}
     # Outputs of aliased tensors keep the larger size of the two views.
     size: dict[Entry, int] = {}
     for entry, owner in [*((e, e) for e in tensors), *aliases.items()]:
         if owner in fixed and fixed[owner].where == "external":
             continue
-        if location.get(owner) == device and owner in writer:
+        if location.get(owner) == device and owner in writers:
             size[owner] = max(size.get(owner, 0), tensors[entry].nbytes)
     entries = sorted(size, key=lambda e: (e.nid, e.index))
 
     def done_before(first: Entry, second: Entry) -> bool:
         if first in live_forever:
             return False
-        target = writer[second]
-        return all(order.before(t, target) for t in touches[first])
+        return all(
+            order.before(t, target)
+            for target in writers[second]
+            for t in touches[first]
+        )
 
     pairs = [
         (a, b)
