@@ -33,7 +33,7 @@ node are never ordered among themselves.)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .dag import Entry
@@ -89,6 +89,16 @@ class HappensBefore:
         if a.stream == b.stream:
             return a.position < b.position
         return self.clocks[b][a.stream] > a.position
+
+    def seen_by_all(self, refs: Iterable[LaunchRef]) -> tuple[int, ...]:
+        """Per stream, how many of its launches are guaranteed to finish
+        before every launch of ``refs`` starts (the clocks' elementwise
+        minimum): launch ``a`` happens before all of them exactly when
+        ``a.position < seen_by_all(refs)[a.stream]``.
+
+        :param refs: launches, at least one.
+        """
+        return tuple(map(min, zip(*(self.clocks[r] for r in refs), strict=True)))
 
     def refs(self) -> Iterator[LaunchRef]:
         """Every launch."""

@@ -260,11 +260,15 @@ def _plan_device_storage(
     access of one happens before the other is written (by every part, for
     a tensor written by a split node's parts)."""
     writers: dict[Entry, list[LaunchRef]] = {}
-    touches: dict[Entry, list[LaunchRef]] = {}
+    # Per tensor, the last launch touching it on each stream: the earlier
+    # ones on that stream come before it, so it alone needs asking.
+    last_touch: dict[Entry, dict[int, LaunchRef]] = {}
     for ref, launch in order.launch_at.items():
         for position, entry in enumerate(launch.args):
             owner = aliases.get(entry, entry)
-            touches.setdefault(owner, []).append(ref)
+            on_stream = last_touch.setdefault(owner, {})
+            if ref.stream not in on_stream or on_stream[ref.stream] < ref:
+                on_stream[ref.stream] = ref
             if position >= launch.num_inputs:
                 writers.setdefault(owner, []).append(ref)
     live_forever = {aliases.get(h, h) for h in heads}
@@ -277,14 +281,14 @@ def _plan_device_storage(
             size[owner] = max(size.get(owner, 0), tensors[entry].nbytes)
     entries = sorted(size, key=lambda e: (e.nid, e.index))
 
+    # What every writer of a tensor is guaranteed to come after.
+    seen = {entry: order.seen_by_all(writers[entry]) for entry in entries}
+
     def done_before(first: Entry, second: Entry) -> bool:
         if first in live_forever:
             return False
-        return all(
-            order.before(t, target)
-            for target in writers[second]
-            for t in touches[first]
-        )
+        bound = seen[second]
+        return all(t.position < bound[t.stream] for t in last_touch[first].values())
 
     pairs = [
         (a, b)
