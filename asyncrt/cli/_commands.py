@@ -147,9 +147,15 @@ def _steps(plan: Plan) -> list[dict[str, Any]]:
         steps: list[dict[str, Any]] = []
         for step in stream.steps:
             if isinstance(step, Launch):
-                steps.append(
-                    {"launch": step.name, "op": step.func_name, "nid": step.nid}
-                )
+                entry: dict[str, Any] = {
+                    "launch": step.name,
+                    "op": step.func_name,
+                    "nid": step.nid,
+                }
+                if step.part is not None:
+                    entry["part"] = [step.part.index, step.part.count]
+                    entry["rows"] = [step.part.start, step.part.stop]
+                steps.append(entry)
             elif isinstance(step, RecordEvent):
                 steps.append({"record": step.event})
             else:
