@@ -44,7 +44,12 @@ def _executor(
 ) -> GraphModule:
     """An executor for ``model``, its parameters loaded."""
     ex = graph_executor.create(
-        model.graph, model.lib, devices, policy=args.policy, max_streams=args.streams
+        model.graph,
+        model.lib,
+        devices,
+        policy=args.policy,
+        max_streams=args.streams,
+        split=args.split,
     )
     return _with_params(ex, model)
 
@@ -59,6 +64,7 @@ def _debug_executor(
         devices,
         policy=args.policy,
         max_streams=args.streams,
+        split=args.split,
         **debug,
     )
     return _with_params(ex, model)
