@@ -23,9 +23,10 @@ the launches and how the streams order them:
    (a chain stays on one stream); otherwise it opens a new stream or takes
    the one that frees up first (independent branches spread out).
    A node that :mod:`scheduler.split` chose to split (``splits``) becomes
-   one launch per compute stream of its device, each over its own rows:
-   the first part takes the stream the node would have taken, the others
-   one each of the device's other compute streams (opened if need be).
+   one launch per part, each over its own rows: the first part takes the
+   stream the node would have taken, the others one each of the device's
+   other compute streams, those freeing up first (a new one while the
+   device has fewer than ``max_streams``).
 4. **Events.** A dependency between two streams becomes a record after the
    producer and a wait before the consumer (SyncStreamFromTo) — unless the
    consumer's stream already waits for a later point of the producer's

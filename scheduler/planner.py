@@ -217,12 +217,10 @@ def _plan_streams(
     lowered = lower_with({})
     saved = 0.0
     if split is not None and max_streams > 1:
-        parted, saved = choose_splits(
-            dag, lowered, lower_with, cost, split, max_streams
-        )
+        parted, saved = choose_splits(dag, lowered, lower_with, cost, split)
         if parted is not lowered:
-            # Kept only if they save more than their steps and any stream
-            # they open cost the host to start.
+            # Kept only if they save more than their extra steps cost the
+            # host to issue.
             more = start_latency(_skeleton(parted, devices, placement, inputs))
             less = start_latency(_skeleton(lowered, devices, placement, inputs))
             if saved > more - less:

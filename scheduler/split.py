@@ -16,7 +16,12 @@ values), so the result is bit-identical.
 
 * ``d``'s kind is one of :attr:`RowSplit.kinds` (the ``cpu``: each stream
   is a thread of its own; an accelerator's kernel already fills the
-  device) and the plan may use at least 2 compute streams there;
+  device) and the plan already has at least 2 compute streams there (from
+  independent branches). Parts only ever use those streams: a split never
+  opens a stream, so a chain stays on one, and the executor's kernel pool
+  sizes (BLAS threads per cpu stream, :mod:`asyncrt._threads`) stay what
+  they were — a second stream opened for a chain's elementwise nodes would
+  halve the BLAS threads of its matrix products;
 * the caller says ``n``'s kernel is elementwise
   (:attr:`RowSplit.elementwise`: the scheduler knows nothing of kernels;
   the executor passes the fusion pass's table of elementwise ops,
@@ -39,9 +44,9 @@ it), a copy ``transfer_time``, and a wait that blocks costs the waiting
 device's :func:`~scheduler.cost.sync_latency` (a thread wake-up on the
 cpu) on top of the event it waits for. Candidates are taken in issue
 order; one is tried only where another compute stream of its device idles
-for part of the time it runs (or is not open yet), and kept only if
-lowering the plan again with it split (one part per compute stream the
-device may have) shortens the simulated makespan by more than one wake-up.
+for part of the time it runs, and kept only if lowering the plan again
+with it split (one part per compute stream of the device) shortens the
+simulated makespan by more than one wake-up, with no more streams.
 So branches already running side by side stay whole, and the join they
 feed is split. Past :data:`MAX_TRIALS` candidates (each try lowers the
 whole plan again), they are first tried all at once. The planner then
@@ -86,6 +91,7 @@ __all__ = (
     "RowSplit",
     "Timeline",
     "choose_splits",
+    "compute_streams",
     "row_cuts",
     "simulate",
     "split_launch",
@@ -291,7 +297,6 @@ def choose_splits(
     relower: Callable[[Mapping[int, int]], Lowered],
     cost: CostModel,
     options: RowSplit,
-    max_streams: int,
 ) -> tuple[Lowered, float]:
     """Split the launches that shorten the simulated run (see the module
     docstring).
@@ -303,78 +308,91 @@ def choose_splits(
         ``splits``).
     :param cost: the cost model.
     :param options: what may split.
-    :param max_streams: compute streams per device.
     :return: the plan lowered with the chosen splits (``lowered`` itself if
         none pays), and the simulated seconds they save.
     """
-    if max_streams < 2:
-        return lowered, 0.0
+    streams = compute_streams(lowered)
     candidates = [
-        (launch, lowered.streams[s].device)
+        (launch, device)
         for s, i in lowered.order
         if isinstance(launch := lowered.streams[s].steps[i], Launch)
-        and _candidate(dag, launch, lowered.streams[s].device, lowered.tensors, options)
+        and len(streams.get(device := lowered.streams[s].device, ())) >= 2
+        and _candidate(dag, launch, device, lowered.tensors, options)
     ]
     if not candidates:
         return lowered, 0.0
     best, timeline = lowered, simulate(lowered, cost)
     base = timeline.makespan
     chosen: dict[int, int] = {}
+    counts = {d: len(s) for d, s in streams.items()}
+    beside = _Beside(best, timeline)
+
+    def better(splits: dict[int, int], margin: float) -> bool:
+        """Lower with ``splits``; keep it if it uses no more streams and
+        finishes more than ``margin`` sooner."""
+        nonlocal best, timeline, beside, chosen
+        trial = relower(splits)
+        if {d: len(s) for d, s in compute_streams(trial).items()} != counts:
+            return False  # parts would open streams the plan does not have
+        trial_timeline = simulate(trial, cost)
+        if trial_timeline.makespan >= timeline.makespan - margin:
+            return False
+        chosen = splits
+        best, timeline = trial, trial_timeline
+        beside = _Beside(best, timeline)
+        return True
+
     budget = MAX_TRIALS
-    beside = _Beside(best, timeline, max_streams)
     idle = [(launch, device) for launch, device in candidates if beside(launch, device)]
     if len(idle) > budget:
         # Too many to try one by one (each try lowers the whole plan again):
         # all at once first, the rest one by one within the budget.
         budget -= 1
-        every = {launch.nid: max_streams for launch, _ in idle}
-        margin = max(sync_latency(cost, device) for _, device in idle)
-        trial = relower(every)
-        trial_timeline = simulate(trial, cost)
-        if trial_timeline.makespan < timeline.makespan - margin:
-            chosen = every
-            best, timeline = trial, trial_timeline
-            beside = _Beside(best, timeline, max_streams)
+        better(
+            {launch.nid: counts[device] for launch, device in idle},
+            max(sync_latency(cost, device) for _, device in idle),
+        )
     for launch, device in candidates:
         if budget <= 0:
             break
         if launch.nid in chosen or not beside(launch, device):
             continue
         budget -= 1
-        trial = relower({**chosen, launch.nid: max_streams})
-        trial_timeline = simulate(trial, cost)
-        if trial_timeline.makespan < timeline.makespan - sync_latency(cost, device):
-            chosen[launch.nid] = max_streams
-            best, timeline = trial, trial_timeline
-            beside = _Beside(best, timeline, max_streams)
+        better({**chosen, launch.nid: counts[device]}, sync_latency(cost, device))
     return best, base - timeline.makespan
+
+
+def compute_streams(lowered: Lowered) -> dict[Device, list[int]]:
+    """The compute streams (not copy streams) of each device of a lowered
+    plan, by index.
+
+    :param lowered: the plan's streams.
+    """
+    compute: dict[Device, list[int]] = {}
+    for s, stream in enumerate(lowered.streams):
+        if any(
+            isinstance(step, Launch) and step.func_name != COPY_FUNC
+            for step in stream.steps
+        ):
+            compute.setdefault(stream.device, []).append(s)
+    return compute
 
 
 class _Beside:
     """Whether another compute stream of a launch's device idles for at
-    least :data:`MIN_IDLE_SHARE` of the time the launch runs (or is not
-    open yet), in one simulated plan."""
+    least :data:`MIN_IDLE_SHARE` of the time the launch runs, in one
+    simulated plan."""
 
-    def __init__(self, lowered: Lowered, timeline: Timeline, max_streams: int) -> None:
+    def __init__(self, lowered: Lowered, timeline: Timeline) -> None:
         self._timeline = timeline
-        self._max_streams = max_streams
         self._ends = [[b for _, b in spans] for spans in timeline.busy]
-        self._compute: dict[Device, list[int]] = {}
-        for s, stream in enumerate(lowered.streams):
-            if any(
-                isinstance(step, Launch) and step.func_name != COPY_FUNC
-                for step in stream.steps
-            ):
-                self._compute.setdefault(stream.device, []).append(s)
+        self._compute = compute_streams(lowered)
 
     def __call__(self, launch: Launch, device: Device) -> bool:
         own, start, finish = self._timeline.spans[launch.key]
         if finish <= start:
             return False
-        compute = self._compute.get(device, [])
-        if len(compute) < self._max_streams:
-            return True
-        for s in compute:
+        for s in self._compute.get(device, []):
             if s == own:
                 continue
             busy = self._timeline.busy[s]
