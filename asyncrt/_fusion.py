@@ -60,7 +60,13 @@ from scheduler.fusion import FusedNode, fuse_elementwise
 from . import _threads
 from ._kernels import Kernel, Module, resolve
 
-__all__ = ("ELEMENTWISE", "Elementwise", "Engine", "fuse_graph")
+__all__ = (
+    "ELEMENTWISE",
+    "Elementwise",
+    "Engine",
+    "elementwise_predicate",
+    "fuse_graph",
+)
 
 Engine = Literal["numpy", "numexpr"]
 Array = Any
@@ -199,20 +205,10 @@ def fuse_graph(
     kinds = sorted({device.kind for device in devices})
     if not kinds or not FUSING_KINDS.issuperset(kinds):
         return dag, lib
-
-    def fusible(spec: NodeSpec) -> bool:
-        if spec.func_name not in ELEMENTWISE:
-            return False
-        for kind in kinds:
-            if lib is not None and lib.find(spec.func_name, kind) is not None:
-                return False
-            kernel = resolve(spec.func_name, kind, None)
-            if kernel is None or inspect.iscoroutinefunction(kernel):
-                return False
-        return True
-
     fusion = fuse_elementwise(
-        dag, fusible, label=lambda spec: ELEMENTWISE[spec.func_name].label
+        dag,
+        elementwise_predicate(lib, devices),
+        label=lambda spec: ELEMENTWISE[spec.func_name].label,
     )
     if not fusion.groups:
         return dag, lib
@@ -222,6 +218,35 @@ def fuse_graph(
             kernel = build_kernel(recipe, kind, engine)
             module.add(recipe.spec.func_name, kernel, kinds=(kind,))
     return fusion.dag, module
+
+
+def elementwise_predicate(
+    lib: Module | None, devices: Sequence[Device]
+) -> Callable[[NodeSpec], bool]:
+    """Whether a node's kernel is a built-in elementwise op on every device
+    kind of ``devices``: its op is in :data:`ELEMENTWISE`, the global
+    registry has it for each kind, it is no coroutine, and ``lib`` does not
+    replace it (a ``lib`` kernel of the same name may mean something else).
+    What fusion fuses, and what the planner may split into row blocks
+    (:mod:`scheduler.split`).
+
+    :param lib: the executor's kernels (looked up before the registry).
+    :param devices: the devices the graph will be planned onto.
+    """
+    kinds = sorted({device.kind for device in devices})
+
+    def elementwise(spec: NodeSpec) -> bool:
+        if spec.func_name not in ELEMENTWISE or not kinds:
+            return False
+        for kind in kinds:
+            if lib is not None and lib.find(spec.func_name, kind) is not None:
+                return False
+            kernel = resolve(spec.func_name, kind, None)
+            if kernel is None or inspect.iscoroutinefunction(kernel):
+                return False
+        return True
+
+    return elementwise
 
 
 def _copy_module(lib: Module | None) -> Module:

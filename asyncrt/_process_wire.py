@@ -53,6 +53,7 @@ from scheduler import errors as scheduler_errors
 from scheduler.cost import CostModel
 from scheduler.errors import NodeFailedError
 from scheduler.placement import Placement, evaluate
+from scheduler.split import MIN_BYTES
 
 from . import errors as asyncrt_errors
 from ._param_dict import load_param_dict, save_param_dict
@@ -177,6 +178,8 @@ class WorkerSpec:
         so the worker's plan places every node where the parent's does.
     :ivar max_streams: compute streams per device.
     :ivar fuse: the fusion setting.
+    :ivar split: whether the planner may split elementwise nodes into rows.
+    :ivar split_min_bytes: the smallest output it splits.
     :ivar kernel_threads: the worker's kernel pool threads (a number, or
         ``"keep"``).
     :ivar imports: modules the worker imports first (where user kernels
@@ -198,6 +201,8 @@ class WorkerSpec:
     layout: IoLayout
     nice: int = 0
     sim_configs: tuple[SimConfig, ...] | None = None
+    split: bool = True
+    split_min_bytes: int = MIN_BYTES
 
     def to_bytes(self) -> bytes:
         """The spec as a JSON header (its length first, 8 bytes) and the
@@ -208,6 +213,8 @@ class WorkerSpec:
             "placement": {str(nid): dev for nid, dev in self.placement.items()},
             "max_streams": self.max_streams,
             "fuse": self.fuse,
+            "split": self.split,
+            "split_min_bytes": self.split_min_bytes,
             "kernel_threads": self.kernel_threads,
             "imports": list(self.imports),
             "layout": {
@@ -251,6 +258,8 @@ class WorkerSpec:
             sim_configs=None
             if configs is None
             else tuple(SimConfig(**config) for config in configs),
+            split=header["split"],
+            split_min_bytes=header["split_min_bytes"],
         )
 
 

@@ -78,6 +78,8 @@ def build(spec: WorkerSpec) -> Any:
         max_streams=spec.max_streams,
         params=dict(spec.params),
         fuse=spec.fuse,  # type: ignore[arg-type]
+        split=spec.split,
+        split_min_bytes=spec.split_min_bytes,
         kernel_threads=spec.kernel_threads,
     )
 

@@ -166,15 +166,29 @@ class ProfileReport:
         starts: dict[int, list[float]] = {}
         where: dict[int, tuple[Launch, str, int]] = {}
         for run in complete:
+            # A node split into parts (scheduler.split) runs as several
+            # launches: its time is theirs together, its wall span from the
+            # first part's start to the last one's end.
+            seen: dict[int, tuple[float, float, float]] = {}
             for span in run.spans:
                 launch = span.launch
                 if launch is None:  # a record or a wait
                     continue
                 nid = launch.nid
-                device_times.setdefault(nid, []).append(span.device_time)
-                walls.setdefault(nid, []).append(span.end - span.start)
-                starts.setdefault(nid, []).append(span.start - run.start)
+                if nid in seen:
+                    busy, first, last = seen[nid]
+                    seen[nid] = (
+                        busy + span.device_time,
+                        min(first, span.start),
+                        max(last, span.end),
+                    )
+                    continue
+                seen[nid] = (span.device_time, span.start, span.end)
                 where[nid] = (launch, str(span.device), span.stream)
+            for nid, (busy, first, last) in seen.items():
+                device_times.setdefault(nid, []).append(busy)
+                walls.setdefault(nid, []).append(last - first)
+                starts.setdefault(nid, []).append(first - run.start)
         # What ran is named by its launch (fusion may rename); inputs by the graph.
         all_names = {**names, **{n: w[0].name for n, w in where.items()}}
         means = {nid: statistics.fmean(t) for nid, t in device_times.items()}

@@ -162,11 +162,12 @@ class GraphModuleDebug(GraphModule):
         names = {nid: node.name for nid, node in enumerate(graph.nodes)}
         self.trace = Trace(self.plan, names, recorder=self._recorder)
         self._dump_root = root
+        # Each node's stream (a node split into parts: its first part's).
         self._stream_of = {
             step.nid: s
             for s, stream in enumerate(self.plan.streams)
             for step in stream.steps
-            if isinstance(step, Launch)
+            if isinstance(step, Launch) and (step.part is None or not step.part.index)
         }
 
     def _new_context(self) -> RunContext:

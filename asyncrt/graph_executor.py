@@ -72,10 +72,11 @@ from scheduler.dispatch import Kernel, Program
 from scheduler.placement import Policy
 from scheduler.plan import Plan
 from scheduler.planner import plan_graph
+from scheduler.split import MIN_BYTES, RowSplit
 
 from . import _benchmark, _blas_choice, _threads
 from ._context import ContextPool, RunContext, context_nbytes
-from ._fusion import Engine, fuse_graph
+from ._fusion import Engine, elementwise_predicate, fuse_graph
 from ._host_feed import HostFeed
 from ._kernels import Module, resolve
 from ._params import decode_params
@@ -117,6 +118,8 @@ def create(
     max_streams: int = 1,
     params: bytes | bytearray | Mapping[str, Any] | None = None,
     fuse: bool | Engine = False,
+    split: bool = True,
+    split_min_bytes: int = MIN_BYTES,
     kernel_threads: int | str = "auto",
     processes: bool = False,
     worker_imports: Sequence[str] = (),
@@ -151,6 +154,16 @@ def create(
         (:mod:`asyncrt._fusion`): ``True`` or ``"numpy"`` runs the members'
         own kernels block by block (results identical to unfused),
         ``"numexpr"`` evaluates one numexpr expression where it can.
+    :param split: with ``max_streams`` of 2 or more, let the planner cut a
+        large elementwise node (a built-in kernel of the fusion table: a
+        join such as ``sum``, ``add``, ``tanh``...) into row blocks, one per
+        cpu stream, where the cost model says the other streams would
+        otherwise idle (:mod:`scheduler.split`): both cores then work on
+        the join that ends a set of parallel branches. Results are
+        bit-identical; ``print(ex.plan)`` shows the parts (``sum[0/2]``,
+        ``sum[1/2]``). ``False`` keeps every node whole. No effect with one
+        stream.
+    :param split_min_bytes: the smallest output (bytes) worth splitting.
     :param kernel_threads: threads of the BLAS, OpenMP, numexpr and
         fused-kernel pools while this executor is open: ``"auto"``
         (``max(1, cores // cpu streams)``: one run's latency first),
@@ -198,6 +211,8 @@ def create(
         max_streams=max_streams,
         params=params,
         fuse=fuse,
+        split=split,
+        split_min_bytes=split_min_bytes,
         kernel_threads=kernel_threads,
         processes=processes,
         worker_imports=worker_imports,
@@ -230,6 +245,8 @@ class GraphModule:
         max_streams: int = 1,
         params: bytes | bytearray | Mapping[str, Any] | None = None,
         fuse: bool | Engine = False,
+        split: bool = True,
+        split_min_bytes: int = MIN_BYTES,
         kernel_threads: int | str = "auto",
         processes: bool = False,
         worker_imports: Sequence[str] = (),
@@ -239,6 +256,14 @@ class GraphModule:
     ) -> None:
         if not 0 <= worker_nice <= 19:
             raise ArgumentError(f"worker_nice must be in 0..19, got {worker_nice}")
+        if (
+            isinstance(split_min_bytes, bool)
+            or not isinstance(split_min_bytes, int)
+            or split_min_bytes < 0
+        ):
+            raise ArgumentError(
+                f"split_min_bytes must be an int >= 0, got {split_min_bytes!r}"
+            )
         blas_env = _worker_blas_env(worker_blas, worker_env or {})
         if processes and lib is not None:
             raise ArgumentError(
@@ -266,6 +291,9 @@ class GraphModule:
             policy=policy,
             max_streams=max_streams,
             supported=supported,
+            split=RowSplit(elementwise_predicate(lib, devices), split_min_bytes)
+            if split
+            else None,
         )
         self._kernels = self._resolve_kernels(lib)
         self._input_nids: tuple[int, ...] = self.plan.inputs
@@ -285,6 +313,8 @@ class GraphModule:
                 tuple(devices),
                 max_streams,
                 fuse,
+                split,
+                split_min_bytes,
                 kernel_threads,
                 tuple(worker_imports),
                 worker_nice,
@@ -1023,6 +1053,8 @@ class _WorkerOptions:
     devices: tuple[Device, ...]
     max_streams: int
     fuse: bool | Engine
+    split: bool
+    split_min_bytes: int
     kernel_threads: int | str
     imports: tuple[str, ...]
     nice: int
@@ -1049,6 +1081,8 @@ class _WorkerOptions:
             placement={nid: str(d) for nid, d in plan.placement.items()},
             max_streams=self.max_streams,
             fuse=self.fuse,
+            split=self.split,
+            split_min_bytes=self.split_min_bytes,
             kernel_threads=_threads.threads_for(
                 _threads.cpu_streams(plan),
                 # Workers run side by side by design: "auto" sizes their

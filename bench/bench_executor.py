@@ -11,7 +11,9 @@ within this one run, because the shared machine drifts between runs.
         python bench/bench_executor.py --workload W1 --json out.json
 
 asyncrt variants (append ``-sN`` for N compute streams, e.g.
-``asyncrt-stateful-s2``):
+``asyncrt-stateful-s2``, then ``-nosplit`` to keep every node whole, e.g.
+``asyncrt-stateful-s2-nosplit``: ``create(split=False)``, no row splits of
+elementwise joins over the streams):
 
 * ``asyncrt-sync``: ``ex.run_sync(**feed)`` — inputs copied in, outputs
   copied out, every run (what a blocking caller pays);
@@ -120,15 +122,18 @@ def child(wl_name: str, variant: str, a: argparse.Namespace) -> None:
     rss_base = peers.maxrss_mb()
     t0 = time.perf_counter()
     graph, lib, params = to_asyncrt(wl, workloads)
-    # "...-s2": the same variant with 2 compute streams on the device.
-    streams = re.search(r"-s(\d+)$", variant)
-    variant_base = variant[: streams.start()] if streams else variant
+    # "...-nosplit": row splits off; "...-s2": 2 compute streams on the device.
+    split = not variant.endswith("-nosplit")
+    name = variant if split else variant[: -len("-nosplit")]
+    streams = re.search(r"-s(\d+)$", name)
+    variant_base = name[: streams.start()] if streams else name
     ex = graph_executor.create(
         graph,
         lib,
         a.device,
         max_streams=int(streams.group(1)) if streams else 1,
         params=params,
+        split=split,
     )
     setup_s = time.perf_counter() - t0
     if variant_base == "asyncrt-stateful":
@@ -198,6 +203,10 @@ def child(wl_name: str, variant: str, a: argparse.Namespace) -> None:
         "arena_bytes": arena.size,
         "arena_lower_bound": arena.lower_bound,
         "param_bytes": param_bytes,
+        # launches that are parts of nodes split into rows (scheduler.split)
+        "parts": [
+            launch.label for launch in ex.plan.launches() if launch.part is not None
+        ],
         "times_s": times,
     }
     ex.close()

@@ -82,6 +82,7 @@ __all__ = (
     "node_nbytes",
     "speed_from_attributes",
     "speeds_from_devices",
+    "sync_latency",
 )
 
 #: ``supported(nid, device)``: whether a kernel for node ``nid`` exists on
@@ -270,6 +271,20 @@ def node_nbytes(dag: nx.DiGraph, nid: int) -> int:
     reads = {(e.nid, e.index) for e in spec.inputs}
     read = sum(node_spec(dag, n).outputs[i].nbytes for n, i in reads)
     return read + sum(out.nbytes for out in spec.outputs)
+
+
+def sync_latency(cost: CostModel, device: Device) -> float:
+    """Seconds a stream of ``device``, blocked on an event, takes to go on
+    once the event is reached (a thread wake-up on the ``cpu``): its
+    :attr:`DeviceSpeed.sync_latency` in an :class:`AnalyticCostModel`, 0
+    in any other model (a table's costs are taken literally).
+
+    :param cost: the cost model.
+    :param device: the waiting stream's device.
+    """
+    if isinstance(cost, AnalyticCostModel) and device in cost.speeds:
+        return cost.speeds[device].sync_latency
+    return 0.0
 
 
 def _always(nid: int, device: Device) -> bool:

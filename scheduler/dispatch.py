@@ -32,6 +32,9 @@ that run raises :class:`~devices.errors.ClosedResourceError` once drained.
 host (rehearsed once per plan shape): the planner adds it to a plan's
 predicted makespan.
 
+A launch that is one part of a split node (:mod:`scheduler.split`) is bound
+to views of its rows: the kernel sees ``a[r0:r1], ..., out[r0:r1]``.
+
 Tracing is opt-in (:mod:`scheduler.trace`): a program given a
 :class:`~scheduler.trace.TraceRecorder` binds traced calls instead of the
 plain ones; without one, nothing on the run path changes.
@@ -374,7 +377,18 @@ class Program:
             )
             return copy, ()
         kernel = kernels[step.nid]
-        return kernel, tuple(self.arrays[e].backend_array() for e in step.args)
+        arrays = tuple(self.arrays[e].backend_array() for e in step.args)
+        part = step.part
+        if part is None:
+            return kernel, arrays
+        # A part of a split node: its rows of the output and of every input
+        # cut with it; the other inputs whole (they broadcast).
+        rows = slice(part.start, part.stop)
+        cut = (*part.cut, *(True for _ in step.args[step.num_inputs :]))
+        return kernel, tuple(
+            array[rows] if sliced else array
+            for array, sliced in zip(arrays, cut, strict=True)
+        )
 
     # -- running ---------------------------------------------------------------
 

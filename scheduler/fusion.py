@@ -64,6 +64,7 @@ __all__ = (
     "FusedArg",
     "FusedNode",
     "Fusion",
+    "broadcasts",
     "fuse_elementwise",
 )
 
@@ -182,10 +183,20 @@ def _compatible(a: NodeSpec, b: NodeSpec) -> bool:
 
 def _broadcasts(tensor: TensorSpec, to: TensorSpec) -> bool:
     """Whether ``tensor`` can be read elementwise against shape ``to``."""
-    if tensor.dtype != to.dtype or len(tensor.shape) > len(to.shape):
+    return tensor.dtype == to.dtype and broadcasts(tensor.shape, to.shape)
+
+
+def broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    """Whether an array of ``shape`` broadcasts to ``to`` (numpy's rule,
+    without growing ``to``): no more axes, each trailing one 1 or equal.
+
+    :param shape: the shape read.
+    :param to: the shape it is read against.
+    """
+    if len(shape) > len(to):
         return False
-    tail = to.shape[len(to.shape) - len(tensor.shape) :]
-    return all(n in (1, m) for n, m in zip(tensor.shape, tail, strict=True))
+    tail = to[len(to) - len(shape) :]
+    return all(n in (1, m) for n, m in zip(shape, tail, strict=True))
 
 
 def _grow(

@@ -14,17 +14,26 @@ position on ``a``'s stream.
 
 :func:`check_plan` proves a plan safe:
 
+* every tensor is written by one launch, or by the parts of one split
+  node (:mod:`scheduler.split`) whose row blocks are disjoint and cover
+  every row;
 * every launch's inputs are written by launches that happen before it (or
-  are external: graph inputs and parameters);
+  are external: graph inputs and parameters) — by *every* part, for a
+  tensor written in parts;
 * no two tensors whose bytes overlap in an arena are ever live at once:
-  for every pair, every access of one happens before the write of the other
-  (heads stay live until the run ends);
+  for every pair, every access of one happens before every write of the
+  other (heads stay live until the run ends);
 * every tensor fits its arena.
+
+A tensor written in parts counts as written by all of them: a reader waits
+for each part, and its bytes are free for another tensor only once every
+part and every reader is done. (No part reads another's rows: parts of one
+node are never ordered among themselves.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .dag import Entry
@@ -55,6 +64,7 @@ class HappensBefore:
         recorded: dict[int, list[int]] = {}
         self.clocks: dict[LaunchRef, tuple[int, ...]] = {}
         self.launch_at: dict[LaunchRef, Launch] = {}
+        #: Each node's launch (its last part, for a split node).
         self.ref_of: dict[int, LaunchRef] = {}
         for s, i in plan.order:
             step = plan.streams[s].steps[i]
@@ -80,26 +90,66 @@ class HappensBefore:
             return a.position < b.position
         return self.clocks[b][a.stream] > a.position
 
+    def seen_by_all(self, refs: Iterable[LaunchRef]) -> tuple[int, ...]:
+        """Per stream, how many of its launches are guaranteed to finish
+        before every launch of ``refs`` starts (the clocks' elementwise
+        minimum): launch ``a`` happens before all of them exactly when
+        ``a.position < seen_by_all(refs)[a.stream]``.
+
+        :param refs: launches, at least one.
+        """
+        return tuple(map(min, zip(*(self.clocks[r] for r in refs), strict=True)))
+
     def refs(self) -> Iterator[LaunchRef]:
         """Every launch."""
         return iter(self.clocks)
 
 
-def _accesses(
-    plan: Plan, order: HappensBefore
-) -> dict[Entry, tuple[LaunchRef | None, list[LaunchRef]]]:
-    """Per storage-owning entry: its writer and its readers (aliases folded)."""
-    table: dict[Entry, tuple[LaunchRef | None, list[LaunchRef]]] = {}
+#: Per storage-owning entry: its writers (one, or the parts of a split
+#: node) and its readers.
+_Access = dict[Entry, tuple[list[LaunchRef], list[LaunchRef]]]
+
+
+def _accesses(plan: Plan, order: HappensBefore) -> _Access:
+    """Per storage-owning entry: its writers and its readers (aliases folded)."""
+    table: _Access = {}
     for ref, launch in order.launch_at.items():
         for position, entry in enumerate(launch.args):
             owner = plan.resolve(entry)
-            writer, readers = table.get(owner, (None, []))
+            writers, readers = table.setdefault(owner, ([], []))
             if position >= launch.num_inputs:
-                writer = ref
+                writers.append(ref)
             else:
                 readers.append(ref)
-            table[owner] = (writer, readers)
     return table
+
+
+def _check_writers(plan: Plan, order: HappensBefore, access: _Access) -> None:
+    """Every tensor has one writer, or the parts of one split launch, their
+    row blocks disjoint and covering the tensor's first axis."""
+    for owner, (writers, _) in access.items():
+        if len(writers) < 2:
+            continue
+        launches = [order.launch_at[w] for w in writers]
+        first = launches[0]
+        parts = [launch.part for launch in launches]
+        names = ", ".join(launch.label for launch in launches)
+        if any(
+            p is None or launch.nid != first.nid
+            for p, launch in zip(parts, launches, strict=True)
+        ):
+            raise PlanError(f"{owner} is written by {names}: more than one launch")
+        blocks = sorted((p.start, p.stop) for p in parts if p is not None)
+        rows = plan.tensors[owner].shape[0] if plan.tensors[owner].shape else 1
+        ends = [0, *(stop for _, stop in blocks)]
+        if any(start != end for (start, _), end in zip(blocks, ends, strict=False)):
+            raise PlanError(
+                f"{owner} is written by {names}: their rows overlap or leave a gap"
+            )
+        if ends[-1] != rows or any(start >= stop for start, stop in blocks):
+            raise PlanError(
+                f"{owner} is written by {names}: their rows do not cover 0:{rows}"
+            )
 
 
 def check_plan(plan: Plan) -> None:
@@ -109,16 +159,17 @@ def check_plan(plan: Plan) -> None:
     """
     order = HappensBefore(plan)
     access = _accesses(plan, order)
+    _check_writers(plan, order, access)
     heads = {plan.resolve(h) for h in plan.heads}
     for ref, launch in order.launch_at.items():
         for entry in launch.args[: launch.num_inputs]:
             owner = plan.resolve(entry)
             if plan.storage[owner].where == "external":
                 continue
-            writer = access[owner][0]
-            if writer is None or not order.before(writer, ref):
+            writers = access[owner][0]
+            if not writers or not all(order.before(w, ref) for w in writers):
                 raise PlanError(
-                    f"launch {launch.name!r} reads {entry} before it is surely written"
+                    f"launch {launch.label!r} reads {entry} before it is surely written"
                 )
     for device, arena in plan.arenas.items():
         placed = sorted(
@@ -151,16 +202,20 @@ def check_plan(plan: Plan) -> None:
 def _done_before(
     first: Entry,
     second: Entry,
-    access: dict[Entry, tuple[LaunchRef | None, list[LaunchRef]]],
+    access: _Access,
     order: HappensBefore,
     heads: set[Entry],
 ) -> bool:
-    """Whether every access of ``first`` happens before ``second`` is written."""
+    """Whether every access of ``first`` happens before every write of
+    ``second``."""
     if first in heads:
         return False  # outputs stay live until the run ends
-    writer_first, readers_first = access.get(first, (None, []))
-    writer_second, _ = access.get(second, (None, []))
-    if writer_second is None:
+    writers_first, readers_first = access.get(first, ([], []))
+    writers_second, _ = access.get(second, ([], []))
+    if not writers_second:
         return False
-    touches = [r for r in (writer_first, *readers_first) if r is not None]
-    return all(order.before(t, writer_second) for t in touches)
+    return all(
+        order.before(t, w)
+        for t in (*writers_first, *readers_first)
+        for w in writers_second
+    )

@@ -22,12 +22,18 @@ the launches and how the streams order them:
    stream of a same-device producer whose stream it would directly follow
    (a chain stays on one stream); otherwise it opens a new stream or takes
    the one that frees up first (independent branches spread out).
+   A node that :mod:`scheduler.split` chose to split (``splits``) becomes
+   one launch per part, each over its own rows: the first part takes the
+   stream the node would have taken, the others one each of the device's
+   other compute streams, those freeing up first (a new one while the
+   device has fewer than ``max_streams``).
 4. **Events.** A dependency between two streams becomes a record after the
    producer and a wait before the consumer (SyncStreamFromTo) — unless the
    consumer's stream already waits for a later point of the producer's
    stream, directly or through other waits. Vector clocks track what every
    stream is already guaranteed to have seen, so no redundant wait is
-   emitted.
+   emitted. A tensor written by a split node's parts has one producer per
+   part: its readers wait for each (on their own stream, none is needed).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from devices import Device
 
 from .dag import Entry, TensorSpec, graph_spec, node_spec
 from .plan import Launch, RecordEvent, Step, StreamPlan, WaitEvent
+from .split import split_launch
 
 __all__ = ("Lowered", "lower")
 
@@ -77,6 +84,7 @@ def lower(
     device_of: Mapping[int, Device],
     start: Mapping[int, float],
     max_streams: int = 2,
+    splits: Mapping[int, int] | None = None,
 ) -> Lowered:
     """Lower a placement to streams (see the module docstring).
 
@@ -85,6 +93,9 @@ def lower(
     :param device_of: each node's device.
     :param start: each node's predicted start (orders the launches).
     :param max_streams: compute streams per device, at least 1.
+    :param splits: nodes to run in parts, and how many (at most
+        ``max_streams``; :func:`scheduler.split.split_launch` must accept
+        them).
     :return: the lowered plan parts.
     """
     host = devices[0]
@@ -172,9 +183,12 @@ def lower(
     # their sources are produced earlier still.
     launches.sort(key=lambda item: (item[0], item[1], not item[4]))
     lowered = _assign_streams(
-        launches, devices, max_streams, tensors, location, aliases, heads
+        launches, devices, max_streams, tensors, location, aliases, heads, splits or {}
     )
     return dataclasses.replace(lowered, constant_copies=constant_copies)
+
+
+_Key = tuple[int, int]  # Launch.key: node id and part index
 
 
 def _assign_streams(
@@ -185,20 +199,22 @@ def _assign_streams(
     location: dict[Entry, Device],
     aliases: dict[Entry, Entry],
     heads: tuple[Entry, ...],
+    splits: Mapping[int, int],
 ) -> Lowered:
     stream_device: list[Device] = []
     compute: dict[Device, list[int]] = {d: [] for d in devices}
     copy_stream: dict[_CopyEngine, int] = {}
-    last_on: list[int] = []  # per stream: nid of its last launch
+    last_on: list[_Key | None] = []  # per stream: its last launch
     free_at: list[float] = []
-    producer: dict[Entry, int] = {}  # owning entry -> producing launch nid
-    stream_of: dict[int, int] = {}
-    position: dict[int, int] = {}
+    producers: dict[Entry, list[_Key]] = {}  # owning entry -> its writers
+    stream_of: dict[_Key, int] = {}
+    position: dict[_Key, int] = {}
     per_stream: list[list[Launch]] = []
+    issued: list[tuple[float, int, Launch, Device, bool]] = []  # parts expanded
 
     def new_stream(device: Device) -> int:
         stream_device.append(device)
-        last_on.append(-1)
+        last_on.append(None)
         free_at.append(0.0)
         per_stream.append([])
         return len(stream_device) - 1
@@ -206,11 +222,12 @@ def _assign_streams(
     def root(entry: Entry) -> Entry:
         return aliases.get(entry, entry)
 
-    for when, _, launch, device, is_copy in launches:
+    for item in launches:
+        when, _, launch, device, is_copy = item
         deps = [
-            producer[root(e)]
+            p
             for e in launch.args[: launch.num_inputs]
-            if root(e) in producer
+            for p in producers.get(root(e), ())
         ]
         if is_copy:
             engine = _copy_engine(location[root(launch.args[0])], device)
@@ -230,20 +247,31 @@ def _assign_streams(
                 compute[device].append(stream)
             else:
                 stream = min(compute[device], key=lambda s: free_at[s])
-        stream_of[launch.nid] = stream
-        position[launch.nid] = len(per_stream[stream])
-        per_stream[stream].append(launch)
-        last_on[stream] = launch.nid
-        free_at[stream] = when
+        count = 1 if is_copy else min(splits.get(launch.nid, 1), max_streams)
+        parts = split_launch(launch, tensors, count) if count > 1 else (launch,)
+        targets = [stream]
+        while len(targets) < len(parts):
+            others = [s for s in compute[device] if s not in targets]
+            if not others or len(compute[device]) < max_streams:
+                others = [new_stream(device)]
+                compute[device].append(others[0])
+            targets.append(min(others, key=lambda s: free_at[s]))
+        for part, target in zip(parts, targets, strict=True):
+            stream_of[part.key] = target
+            position[part.key] = len(per_stream[target])
+            per_stream[target].append(part)
+            last_on[target] = part.key
+            free_at[target] = when
+            issued.append((when, item[1], part, device, is_copy))
         for entry in launch.args[launch.num_inputs :]:
-            producer[root(entry)] = launch.nid
+            producers[root(entry)] = [part.key for part in parts]
     return _place_events(
         per_stream,
         stream_device,
-        launches,
+        issued,
         stream_of,
         position,
-        producer,
+        producers,
         tensors,
         location,
         aliases,
@@ -279,9 +307,9 @@ def _place_events(
     per_stream: list[list[Launch]],
     stream_device: list[Device],
     launches: list[tuple[float, int, Launch, Device, bool]],
-    stream_of: dict[int, int],
-    position: dict[int, int],
-    producer: dict[Entry, int],
+    stream_of: dict[_Key, int],
+    position: dict[_Key, int],
+    producers: dict[Entry, list[_Key]],
     tensors: dict[Entry, TensorSpec],
     location: dict[Entry, Device],
     aliases: dict[Entry, Entry],
@@ -289,52 +317,51 @@ def _place_events(
 ) -> Lowered:
     count = len(per_stream)
     clock = [[0] * count for _ in range(count)]
-    after: dict[int, list[int]] = {}  # launch nid -> clock of its stream after it
-    waits: dict[int, list[int]] = {}  # consumer nid -> producer nids to wait for
-    records: set[int] = set()
+    after: dict[_Key, list[int]] = {}  # launch -> clock of its stream after it
+    waits: dict[_Key, list[_Key]] = {}  # consumer -> producers to wait for
+    records: set[_Key] = set()
     for _, _, launch, _, _ in launches:
-        stream = stream_of[launch.nid]
+        stream = stream_of[launch.key]
         latest: dict[int, int] = {}  # per other stream, the latest producer read
         for entry in launch.args[: launch.num_inputs]:
-            source = producer.get(aliases.get(entry, entry))
-            if source is None or stream_of[source] == stream:
-                continue
-            other = stream_of[source]
-            latest[other] = max(position[source], latest.get(other, -1))
+            for source in producers.get(aliases.get(entry, entry), ()):
+                other = stream_of[source]
+                if other != stream:
+                    latest[other] = max(position[source], latest.get(other, -1))
         needed = []
         for other, pos in sorted(latest.items()):
             if clock[stream][other] > pos:
                 continue  # already ordered through earlier waits
             if any(
-                after[per_stream[o][p].nid][other] > pos
+                after[per_stream[o][p].key][other] > pos
                 for o, p in latest.items()
                 if o != other
             ):
                 continue  # implied by the wait for another producer
-            source = per_stream[other][pos].nid
+            source = per_stream[other][pos].key
             needed.append(source)
             records.add(source)
             clock[stream] = [
                 max(a, b) for a, b in zip(clock[stream], after[source], strict=True)
             ]
         if needed:
-            waits[launch.nid] = needed
-        clock[stream][stream] = position[launch.nid] + 1
-        after[launch.nid] = list(clock[stream])
+            waits[launch.key] = needed
+        clock[stream][stream] = position[launch.key] + 1
+        after[launch.key] = list(clock[stream])
 
-    event_of = {nid: i for i, nid in enumerate(sorted(records))}
+    event_of = {key: i for i, key in enumerate(sorted(records))}
     steps: list[list[Step]] = [[] for _ in range(count)]
     order: list[tuple[int, int]] = []
     for _, _, launch, _, _ in launches:
-        stream = stream_of[launch.nid]
-        for source in waits.get(launch.nid, ()):
+        stream = stream_of[launch.key]
+        for source in waits.get(launch.key, ()):
             order.append((stream, len(steps[stream])))
             steps[stream].append(WaitEvent(event_of[source]))
         order.append((stream, len(steps[stream])))
         steps[stream].append(launch)
-        if launch.nid in event_of:
+        if launch.key in event_of:
             order.append((stream, len(steps[stream])))
-            steps[stream].append(RecordEvent(event_of[launch.nid]))
+            steps[stream].append(RecordEvent(event_of[launch.key]))
     streams = tuple(StreamPlan(stream_device[s], tuple(steps[s])) for s in range(count))
     return Lowered(
         streams=streams,

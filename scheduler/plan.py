@@ -7,6 +7,11 @@ and parameters —, or an alias of another tensor, as TVM's ``__nop``); and how
 big each arena is. It is computed once by :mod:`scheduler.planner` and run
 many times by :mod:`scheduler.dispatch`; running it does no planning.
 
+A large elementwise node may run as several *parts* (:mod:`scheduler.split`):
+launches of the same node, one per stream, each over its own block of rows
+of the output (:class:`Part`); ``print(plan)`` shows them as ``sum[0/2]``,
+``sum[1/2]``.
+
 ``print(plan)`` shows it; :meth:`Plan.to_dot` renders it for graphviz.
 """
 
@@ -23,6 +28,7 @@ from .dag import Entry, TensorSpec
 __all__ = (
     "Arena",
     "Launch",
+    "Part",
     "Plan",
     "RecordEvent",
     "Step",
@@ -52,6 +58,28 @@ class TensorPlacement:
 
 
 @dataclass(frozen=True)
+class Part:
+    """One part of a node split into row blocks (:mod:`scheduler.split`).
+
+    The part runs the node's kernel on rows ``start:stop`` (axis 0) of its
+    output, and of every input marked in :attr:`cut`; the other inputs are
+    passed whole (they broadcast along axis 0).
+
+    :ivar index: the part's number, from 0.
+    :ivar count: how many parts the node has.
+    :ivar start: its first row.
+    :ivar stop: one past its last row.
+    :ivar cut: per input, whether the part reads only its rows of it.
+    """
+
+    index: int
+    count: int
+    start: int
+    stop: int
+    cut: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
 class Launch:
     """Run one node's kernel on a stream.
 
@@ -61,6 +89,8 @@ class Launch:
     :ivar args: the tensors passed, inputs then outputs (destination passing).
     :ivar num_inputs: how many of ``args`` are inputs.
     :ivar work: estimated floating-point operations.
+    :ivar part: the block of rows this launch computes, when its node is
+        split over several launches (``None``: the whole node).
     """
 
     nid: int
@@ -69,6 +99,19 @@ class Launch:
     args: tuple[Entry, ...]
     num_inputs: int
     work: float = 0.0
+    part: Part | None = None
+
+    @property
+    def label(self) -> str:
+        """The node's name, with ``[index/count]`` for a part."""
+        if self.part is None:
+            return self.name
+        return f"{self.name}[{self.part.index}/{self.part.count}]"
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """What tells launches apart: the node id and the part's index."""
+        return (self.nid, 0 if self.part is None else self.part.index)
 
 
 @dataclass(frozen=True)
@@ -200,7 +243,7 @@ class Plan:
         """The plan as a graphviz DOT graph: one cluster per stream, edges
         for data dependencies, dashed edges for event waits."""
         out = ["digraph plan {", "  rankdir=TB;", "  node [shape=box, fontsize=10];"]
-        producer: dict[Entry, str] = {}
+        producer: dict[Entry, list[str]] = {}  # several for a split node
         records: dict[int, str] = {}  # event -> the launch it follows
         waits: list[tuple[int, str]] = []  # (event, the launch it precedes)
         for s, stream in enumerate(self.streams):
@@ -211,10 +254,10 @@ class Plan:
             pending: list[int] = []
             for step in stream.steps:
                 if isinstance(step, Launch):
-                    node = f"n{step.nid}"
-                    out.append(f'    {node} [label="{step.name}\\n{step.func_name}"];')
+                    node = _dot_id(step)
+                    out.append(f'    {node} [label="{step.label}\\n{step.func_name}"];')
                     for entry in step.args[step.num_inputs :]:
-                        producer[entry] = node
+                        producer.setdefault(entry, []).append(node)
                     waits.extend((event, node) for event in pending)
                     pending.clear()
                     last = node
@@ -233,13 +276,20 @@ class Plan:
             for step in stream.steps:
                 if isinstance(step, Launch):
                     for entry in step.args[: step.num_inputs]:
-                        source = producer.get(self.resolve(entry)) or producer.get(
-                            entry
+                        sources = producer.get(self.resolve(entry)) or producer.get(
+                            entry, []
                         )
-                        if source is not None:
-                            out.append(f"  {source} -> n{step.nid};")
+                        for source in sources:
+                            out.append(f"  {source} -> {_dot_id(step)};")
         out.append("}")
         return "\n".join(out)
+
+
+def _dot_id(launch: Launch) -> str:
+    """A launch's graphviz node: ``n<nid>``, ``n<nid>_<part>`` for a part."""
+    if launch.part is None:
+        return f"n{launch.nid}"
+    return f"n{launch.nid}_{launch.part.index}"
 
 
 def _describe(step: Step, plan: Plan) -> str:
@@ -247,9 +297,24 @@ def _describe(step: Step, plan: Plan) -> str:
         return f"record event {step.event}"
     if isinstance(step, WaitEvent):
         return f"wait event {step.event}"
-    ins = ", ".join(_where(e, plan) for e in step.args[: step.num_inputs])
-    outs = ", ".join(_where(e, plan) for e in step.args[step.num_inputs :])
-    return f"{step.name} = {step.func_name}({ins}) -> {outs}"
+    part = step.part
+    ins = ", ".join(
+        _where(e, plan) + ("" if part is None or not cut else _rows(part))
+        for e, cut in zip(
+            step.args[: step.num_inputs],
+            (True,) * step.num_inputs if part is None else part.cut,
+            strict=True,
+        )
+    )
+    outs = ", ".join(
+        _where(e, plan) + ("" if part is None else _rows(part))
+        for e in step.args[step.num_inputs :]
+    )
+    return f"{step.label} = {step.func_name}({ins}) -> {outs}"
+
+
+def _rows(part: Part) -> str:
+    return f"[{part.start}:{part.stop}]"
 
 
 def _where(entry: Entry, plan: Plan) -> str:

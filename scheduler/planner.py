@@ -14,13 +14,21 @@ Passes, each a small function over the DAG or the plan being built:
    (:mod:`scheduler.storage`); graph inputs and parameters are external;
    ``__nop`` outputs alias their input.
 
+With several streams per device, lowering may also cut a large
+elementwise node into row blocks, one part per stream, where the cost
+model says the device's other streams would otherwise idle (``split``,
+:mod:`scheduler.split`: a *row split*, within one device). Row splits are
+kept only if they save more than their extra steps and streams cost to
+start; what they save comes off the predicted makespan.
+
 The predicted makespan of a plan run on streams includes their start
 (:func:`scheduler.dispatch.start_latency`: the host issues every step, then
 a stream's thread wakes up); one the dispatcher runs on the calling thread
-(one cpu stream) starts at once. A split pays only if it beats that: with a
-policy that guards against the single fastest device (every name but
-``"single"``), a plan over several devices is replaced by everything on the
-host-facing cpu when that is predicted no slower, start included.
+(one cpu stream) starts at once. A split over devices pays only if it beats
+that: with a policy that guards against the single fastest device (every
+name but ``"single"``), a plan over several devices is replaced by
+everything on the host-facing cpu when that is predicted no slower, start
+included.
 
 With one device and one stream the order is the whole story, and storage
 comes from exact interval liveness. Otherwise the placement policy
@@ -46,9 +54,10 @@ from .dispatch import runs_inline, start_latency
 from .errors import PlanError
 from .happens_before import HappensBefore, LaunchRef
 from .liveness import compute_liveness, default_order
-from .lowering import lower
-from .placement import Policy, place
+from .lowering import Lowered, lower
+from .placement import Placement, Policy, place
 from .plan import Arena, Launch, Plan, StreamPlan, TensorPlacement
+from .split import RowSplit, choose_splits
 from .storage import Conflicts, StorageRequest, plan_offsets
 
 __all__ = ("plan_graph",)
@@ -62,6 +71,7 @@ def plan_graph(
     max_streams: int = 1,
     supported: Callable[[int, Device], bool] | None = None,
     cost: CostModel | None = None,
+    split: RowSplit | None = None,
 ) -> Plan:
     """Plan a DAG onto devices; the first device faces the host.
 
@@ -74,6 +84,9 @@ def plan_graph(
         available only on some kinds); default: everywhere.
     :param cost: the cost model; default: analytic, from the devices'
         attributes.
+    :param split: which elementwise nodes may run as one part per stream,
+        where that pays (:mod:`scheduler.split`); ``None``: none. Only with
+        ``max_streams`` of 2 or more.
     :return: the plan.
     :raises PlanError: if no device is given, a node is pinned to a device
         not given, or a node can run nowhere.
@@ -84,11 +97,15 @@ def plan_graph(
         raise PlanError(f"max_streams must be >= 1, got {max_streams}")
     if len(devices) > 1 or max_streams > 1:
         model = cost or AnalyticCostModel.from_devices(dag, devices, supported)
-        plan = _started(_plan_streams(dag, tuple(devices), policy, max_streams, model))
+        plan = _started(
+            _plan_streams(dag, tuple(devices), policy, max_streams, model, split)
+        )
         if _guards(policy) and devices[0].kind == "cpu" and not runs_inline(plan):
             try:
                 host = _started(
-                    _plan_streams(dag, tuple(devices), "single", max_streams, model)
+                    _plan_streams(
+                        dag, tuple(devices), "single", max_streams, model, split
+                    )
                 )
             except PlanError:  # a node the host cannot run, or pinned elsewhere
                 return plan
@@ -174,8 +191,10 @@ def _plan_streams(
     policy: str | Policy,
     max_streams: int,
     cost: CostModel,
+    split: RowSplit | None,
 ) -> Plan:
-    """Several devices or streams: place, lower, then plan storage."""
+    """Several devices or streams: place, lower (splitting where it pays),
+    then plan storage."""
     placement = place(dag, devices, cost, policy)
     start: Mapping[int, float] = placement.start
     if len(devices) == 1:
@@ -188,10 +207,26 @@ def _plan_streams(
             nid: float(i)
             for i, nid in enumerate(nx.lexicographical_topological_sort(dag))
         }
-    lowered = lower(dag, devices, placement.device_of, start, max_streams)
+
+    def lower_with(splits: Mapping[int, int]) -> Lowered:
+        return lower(dag, devices, placement.device_of, start, max_streams, splits)
+
     inputs = tuple(
         n for n in nx.lexicographical_topological_sort(dag) if node_spec(dag, n).is_null
     )
+    lowered = lower_with({})
+    saved = 0.0
+    if split is not None and max_streams > 1:
+        parted, saved = choose_splits(dag, lowered, lower_with, cost, split)
+        if parted is not lowered:
+            # Kept only if they save more than their extra steps cost the
+            # host to issue.
+            more = start_latency(_skeleton(parted, devices, placement, inputs))
+            less = start_latency(_skeleton(lowered, devices, placement, inputs))
+            if saved > more - less:
+                lowered = parted
+            else:
+                saved = 0.0
     storage: dict[Entry, TensorPlacement] = {}
     for entry, device in lowered.location.items():
         if entry.nid in inputs or entry in lowered.constant_copies:
@@ -200,20 +235,7 @@ def _plan_streams(
         storage[entry] = TensorPlacement(
             lowered.location[owner], "alias", alias_of=owner
         )
-    skeleton = Plan(
-        host=devices[0],
-        devices=devices,
-        placement=placement.device_of,
-        streams=lowered.streams,
-        order=lowered.order,
-        num_events=lowered.num_events,
-        tensors=lowered.tensors,
-        storage={},
-        arenas={},
-        inputs=inputs,
-        heads=lowered.heads,
-    )
-    order = HappensBefore(skeleton)
+    order = HappensBefore(_skeleton(lowered, devices, placement, inputs))
     arenas: dict[Device, Arena] = {}
     for device in devices:
         offsets, arena = _plan_device_storage(
@@ -241,9 +263,32 @@ def _plan_streams(
         arenas=arenas,
         inputs=inputs,
         heads=lowered.heads,
-        makespan=placement.makespan,
+        makespan=max(0.0, placement.makespan - saved),
         policy=placement.policy,
         constant_copies=lowered.constant_copies,
+    )
+
+
+def _skeleton(
+    lowered: Lowered,
+    devices: tuple[Device, ...],
+    placement: Placement,
+    inputs: tuple[int, ...],
+) -> Plan:
+    """A lowered plan as a :class:`Plan` without storage: enough for its
+    happens-before order and its start."""
+    return Plan(
+        host=devices[0],
+        devices=devices,
+        placement=placement.device_of,
+        streams=lowered.streams,
+        order=lowered.order,
+        num_events=lowered.num_events,
+        tensors=lowered.tensors,
+        storage={},
+        arenas={},
+        inputs=inputs,
+        heads=lowered.heads,
     )
 
 
@@ -257,30 +302,38 @@ def _plan_device_storage(
     fixed: Mapping[Entry, TensorPlacement],
 ) -> tuple[dict[Entry, int], Arena]:
     """Offsets for one device's tensors: two tensors conflict unless every
-    access of one happens before the other is written."""
-    writer: dict[Entry, LaunchRef] = {}
-    touches: dict[Entry, list[LaunchRef]] = {}
+    access of one happens before the other is written (by every part, for
+    a tensor written by a split node's parts)."""
+    writers: dict[Entry, list[LaunchRef]] = {}
+    # Per tensor, the last launch touching it on each stream: the earlier
+    # ones on that stream come before it, so it alone needs asking.
+    last_touch: dict[Entry, dict[int, LaunchRef]] = {}
     for ref, launch in order.launch_at.items():
         for position, entry in enumerate(launch.args):
             owner = aliases.get(entry, entry)
-            touches.setdefault(owner, []).append(ref)
+            on_stream = last_touch.setdefault(owner, {})
+            if ref.stream not in on_stream or on_stream[ref.stream] < ref:
+                on_stream[ref.stream] = ref
             if position >= launch.num_inputs:
-                writer[owner] = ref
+                writers.setdefault(owner, []).append(ref)
     live_forever = {aliases.get(h, h) for h in heads}
     # Outputs of aliased tensors keep the larger size of the two views.
     size: dict[Entry, int] = {}
     for entry, owner in [*((e, e) for e in tensors), *aliases.items()]:
         if owner in fixed and fixed[owner].where == "external":
             continue
-        if location.get(owner) == device and owner in writer:
+        if location.get(owner) == device and owner in writers:
             size[owner] = max(size.get(owner, 0), tensors[entry].nbytes)
     entries = sorted(size, key=lambda e: (e.nid, e.index))
+
+    # What every writer of a tensor is guaranteed to come after.
+    seen = {entry: order.seen_by_all(writers[entry]) for entry in entries}
 
     def done_before(first: Entry, second: Entry) -> bool:
         if first in live_forever:
             return False
-        target = writer[second]
-        return all(order.before(t, target) for t in touches[first])
+        bound = seen[second]
+        return all(t.position < bound[t.stream] for t in last_touch[first].values())
 
     pairs = [
         (a, b)

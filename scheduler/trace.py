@@ -268,11 +268,11 @@ class ProgramTrace:
                     await fn(*args)
                 finally:
                     self._append(slot, start, clock(), None)
-                self._capture(outputs)
+                self._capture(outputs, launch)
 
             return traced_async
         if device.kind == "cuda":
-            return _cuda_wrapper(self, fn, slot, outputs)
+            return _cuda_wrapper(self, fn, slot, outputs, launch)
 
         def traced(*args: Any) -> None:
             start = clock()
@@ -280,7 +280,7 @@ class ProgramTrace:
                 fn(*args)
             finally:
                 self._append(slot, start, clock(), None)
-            self._capture(outputs)
+            self._capture(outputs, launch)
 
         return traced
 
@@ -289,12 +289,22 @@ class ProgramTrace:
         if record is not None:
             record.spans.append((slot, start, end, events))
 
-    def _capture(self, entries: Sequence[Entry]) -> None:
-        """Keep host copies of a launch's outputs (capturing recorders)."""
+    def _capture(self, entries: Sequence[Entry], launch: Launch) -> None:
+        """Keep host copies of a launch's outputs (capturing recorders); a
+        part of a split node copies its rows into the tensor's capture,
+        which its other parts fill in."""
         record = self.current
-        if record is not None and self.recorder.capture:
-            for entry in entries:
-                record.outputs[entry] = self._arrays[entry].numpy()
+        if record is None or not self.recorder.capture:
+            return
+        part = launch.part
+        for entry in entries:
+            value = self._arrays[entry].numpy()
+            if part is None:
+                record.outputs[entry] = value
+                continue
+            with self.recorder._lock:  # the parts run on different threads
+                whole = record.outputs.setdefault(entry, np.zeros_like(value))
+                whole[part.start : part.stop] = value[part.start : part.stop]
 
     def _modelled(self, device: Device, launch: Launch) -> float | None:
         """The device's modelled duration of ``launch``, if it models one."""
@@ -305,9 +315,22 @@ class ProgramTrace:
             config = _sim_config(device)
             if math.isinf(config.memory_bandwidth):
                 return config.compute_seconds(launch.work)
-            nbytes = sum(self._arrays[e].nbytes for e in set(launch.args))
+            nbytes = sum(self._part_nbytes(e, launch) for e in set(launch.args))
             return config.compute_seconds(launch.work, nbytes)
         return None
+
+    def _part_nbytes(self, entry: Entry, launch: Launch) -> int:
+        """Bytes ``launch`` touches of ``entry``: its rows, for a part of a
+        split node and a tensor it cuts."""
+        nbytes = self._arrays[entry].nbytes
+        part = launch.part
+        if part is None:
+            return nbytes
+        position = launch.args.index(entry)
+        if position < launch.num_inputs and not part.cut[position]:
+            return nbytes
+        rows = self.plan.tensors[entry].shape[0]
+        return nbytes * (part.stop - part.start) // rows
 
     # -- running ---------------------------------------------------------------
 
@@ -500,7 +523,11 @@ def _modelled_copy(src: Device, dst: Device, nbytes: int) -> float | None:
 
 
 def _cuda_wrapper(
-    trace: ProgramTrace, fn: Kernel, slot: int, outputs: Sequence[Entry]
+    trace: ProgramTrace,
+    fn: Kernel,
+    slot: int,
+    outputs: Sequence[Entry],
+    launch: Launch,
 ) -> Kernel:
     """A traced call on a cuda stream: CUDA events around it on the
     stream that the worker thread has made current."""
@@ -519,7 +546,7 @@ def _cuda_wrapper(
             after = cupy.cuda.Event()
             after.record()
             trace._append(slot, start, end, (before, after))
-        trace._capture(outputs)
+        trace._capture(outputs, launch)
 
     return traced
 

@@ -44,7 +44,12 @@ def _executor(
 ) -> GraphModule:
     """An executor for ``model``, its parameters loaded."""
     ex = graph_executor.create(
-        model.graph, model.lib, devices, policy=args.policy, max_streams=args.streams
+        model.graph,
+        model.lib,
+        devices,
+        policy=args.policy,
+        max_streams=args.streams,
+        split=args.split,
     )
     return _with_params(ex, model)
 
@@ -59,6 +64,7 @@ def _debug_executor(
         devices,
         policy=args.policy,
         max_streams=args.streams,
+        split=args.split,
         **debug,
     )
     return _with_params(ex, model)
@@ -147,9 +153,15 @@ def _steps(plan: Plan) -> list[dict[str, Any]]:
         steps: list[dict[str, Any]] = []
         for step in stream.steps:
             if isinstance(step, Launch):
-                steps.append(
-                    {"launch": step.name, "op": step.func_name, "nid": step.nid}
-                )
+                entry: dict[str, Any] = {
+                    "launch": step.name,
+                    "op": step.func_name,
+                    "nid": step.nid,
+                }
+                if step.part is not None:
+                    entry["part"] = [step.part.index, step.part.count]
+                    entry["rows"] = [step.part.start, step.part.stop]
+                steps.append(entry)
             elif isinstance(step, RecordEvent):
                 steps.append({"record": step.event})
             else:

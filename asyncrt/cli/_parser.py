@@ -60,6 +60,13 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
         help="compute streams per device",
     )
     parser.add_argument(
+        "--no-split",
+        dest="split",
+        action="store_false",
+        help="keep every node whole (by default, with 2 or more streams, a "
+        "large elementwise join runs in row blocks, one per cpu stream)",
+    )
+    parser.add_argument(
         "--input",
         action="append",
         default=[],

@@ -123,6 +123,32 @@ def test_plan_text_json_and_dot(
     assert dot.read_text().startswith("digraph plan {")
 
 
+def test_plan_shows_split_parts_unless_no_split(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """With two streams, a join of four 4 MiB branches runs in two parts,
+    each named with its rows in ``--json``; ``--no-split`` keeps it whole."""
+    n = 1 << 20
+    b = GraphBuilder()
+    x = b.input("x", shape=(n,), dtype="float32")
+    ts = [b.op("tanh", x, shape=(n,), dtype="float32", name=f"t{i}") for i in range(4)]
+    b.output(b.op("sum", *ts, shape=(n,), dtype="float32", name="j"))
+    path = tmp_path / "wide.json"
+    path.write_text(b.build().to_json())
+    common = ("plan", str(path), "--device", "cpu", "--streams", "2", "--json")
+    code, out, _ = run_main(capsys, *common)
+    assert code == 0
+    steps = [s for st in json.loads(out)["plan"] for s in st["steps"]]
+    parts = [s for s in steps if "part" in s]
+    assert [(s["launch"], s["part"], s["rows"]) for s in parts] == [
+        ("j", [0, 2], [0, n // 2]),
+        ("j", [1, 2], [n // 2, n]),
+    ]
+    code, out, _ = run_main(capsys, *common, "--no-split")
+    assert code == 0
+    assert not [s for st in json.loads(out)["plan"] for s in st["steps"] if "part" in s]
+
+
 def test_profile_table_csv_json_and_files(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -15,6 +15,14 @@ inputs — must give what a sequential numpy evaluation gives, bit for bit
 
 A *case* is one generated graph run under one placement: each example runs
 :data:`PLACEMENTS` placements, each with its own executor.
+
+A second generator, :func:`joins`, draws graphs of large arrays (4 MiB):
+layers of parallel elementwise branches, each layer joined by a ``sum``,
+``add`` or ``maximum`` (sometimes with a broadcast bias), on the cpu alone
+or beside a fast sim, with 2 or 3 cpu streams: the planner splits such
+joins into one part per stream (:mod:`scheduler.split`) where the cost
+model says the other streams would idle, and every run must still give the
+sequential reference, bit for bit.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import anyio
 import networkx as nx
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import asyncrt
@@ -101,6 +109,8 @@ class Placing:
     :ivar policy: a policy name, or ``None`` for the random user policy.
     :ivar assign: node index -> device, for the random user policy.
     :ivar max_streams: compute streams per device.
+    :ivar split_min_bytes: the smallest output the planner may split into
+        rows (``None``: the executor's default).
     """
 
     devices: tuple[str, ...]
@@ -108,6 +118,7 @@ class Placing:
     policy: str | None
     assign: Mapping[int, str]
     max_streams: int
+    split_min_bytes: int | None = None
 
 
 # -- generating ---------------------------------------------------------------
@@ -227,6 +238,80 @@ def sim_configs(draw: st.DrawFn) -> tuple[sim.SimConfig, sim.SimConfig]:
     return one(), one()
 
 
+#: Elements of a :func:`joins` tensor: 4 MiB of float32, enough for the cost
+#: model to find a split join worth a thread wake-up.
+JOIN_ELEMENTS = 1 << 20
+
+
+@st.composite
+def joins(draw: st.DrawFn) -> Case:
+    """Layers of 2-4 parallel branches of 1-2 elementwise ops each (some a
+    ``pair`` or a slow kernel, which do not split), each layer joined by one
+    node (``sum`` of all branches, ``add`` or ``maximum`` of two, sometimes
+    plus a bias that broadcasts along the rows); the next layer reads the
+    join. 1-D or 2-D tensors of :data:`JOIN_ELEMENTS`."""
+    shape = draw(st.sampled_from(((JOIN_ELEMENTS,), (JOIN_ELEMENTS // 64, 64))))
+    nodes: list[Node] = [Node("input", (), (shape,))]
+    bias: Ref | None = None
+    if draw(st.booleans()):
+        bias_shape = draw(st.sampled_from(((1,), (shape[-1],), (1, shape[-1]))))
+        if len(bias_shape) > len(shape):
+            bias_shape = (1,)
+        bias = (len(nodes), 0)
+        nodes.append(Node("param", (), (bias_shape,)))
+    source: Ref = (0, 0)
+    heads: list[Ref] = []
+    use_slow = draw(st.booleans())
+    for _ in range(draw(st.integers(1, 2))):
+        branches: list[Ref] = []
+        for _ in range(draw(st.integers(2, 4))):
+            ref = source
+            for _ in range(draw(st.integers(1, 2))):
+                op = draw(st.sampled_from(("tanh", "sigmoid", "relu", "pair")))
+                slow = use_slow and draw(st.integers(0, 3)) == 0
+                nodes.append(
+                    Node(op, (ref,), (shape,) * (2 if op == "pair" else 1), slow)
+                )
+                ref = (len(nodes) - 1, 0)
+            branches.append(ref)
+        join = draw(st.sampled_from(("sum", "add", "maximum")))
+        reads = tuple(branches) if join == "sum" else tuple(branches[:2])
+        if join == "sum" and len(reads) < 3:
+            join = "add"
+        nodes.append(Node(join, reads, (shape,)))
+        source = (len(nodes) - 1, 0)
+        if bias is not None and draw(st.booleans()):
+            nodes.append(Node("add", (source, bias), (shape,)))
+            source = (len(nodes) - 1, 0)
+        if draw(st.integers(0, 3)) == 0:
+            heads.append(draw(st.sampled_from(branches)))  # a branch is an output
+    heads.append(source)
+    return Case(
+        shape[0],
+        tuple(nodes),
+        tuple(dict.fromkeys(heads)),
+        draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+@st.composite
+def join_placings(draw: st.DrawFn) -> Placing:
+    """The cpu alone or with a sim (either may face the host), a named
+    policy, 2 or 3 streams, splits from any size or the default's."""
+    devices = draw(
+        st.sampled_from((("cpu:0",), ("cpu:0", "sim:0"), ("sim:0", "cpu:0")))
+    )
+    policy = draw(st.sampled_from(("auto", "single", "heft")))
+    return Placing(
+        devices,
+        {},
+        policy,
+        {},
+        draw(st.integers(2, 3)),
+        draw(st.sampled_from((None, 0))),
+    )
+
+
 # -- building and running ---------------------------------------------------------
 
 
@@ -336,8 +421,11 @@ def reference(case: Case, values: Mapping[int, Array]) -> list[Array]:
             out[i, 0] = a * args[1]
         elif node.op == "maximum":
             out[i, 0] = np.maximum(a, args[1])
-        elif node.op == "sum":
-            out[i, 0] = (a + args[1]) + args[2]
+        elif node.op == "sum":  # the kernel's order: ((a + b) + c) + ...
+            total = a + args[1]
+            for other in args[2:]:
+                total = total + other
+            out[i, 0] = total
         else:
             raise AssertionError(f"unknown op {node.op}")
     return [out[r] for r in case.heads]
@@ -404,8 +492,15 @@ def check_case(
         policy=policy,
         max_streams=placing.max_streams,
         params=params if declared else None,
+        **(
+            {}
+            if placing.split_min_bytes is None
+            else {"split_min_bytes": placing.split_min_bytes}
+        ),
     ) as ex:
         check_plan(ex.plan)
+        split = any(launch.part is not None for launch in ex.plan.launches())
+        event("a node split into rows" if split else "no node split")
         for i, device in placing.pins.items():
             assert str(ex.plan.placement[i]) == device
         if not declared:
@@ -493,6 +588,28 @@ def test_slow_kernels_shake_interleavings(
 ) -> None:
     """Kernels that sleep 0-1 ms first, so streams finish out of order."""
     run_placings(data, case, data.draw(st.booleans()), anyio_backend)
+
+
+#: Fast sims for the large-array joins (a 4 MiB op or copy takes about a
+#: millisecond of modelled time).
+FAST_SIMS = (
+    sim.SimConfig(flops=50e9, bandwidth=8e9),
+    sim.SimConfig(flops=50e9, bandwidth=8e9),
+)
+
+
+@settings(COMMON, max_examples=12)
+@given(case=joins(), data=st.data())
+def test_large_joins_split_and_match_the_reference(
+    anyio_backend: str, case: Case, data: st.DataObject
+) -> None:
+    """Parallel branches over 4 MiB arrays joined by elementwise nodes: the
+    joins are split over the cpu streams where that pays."""
+    for _ in range(2):
+        placing = data.draw(join_placings())
+        check_case(
+            case, placing, data.draw(st.integers(2, 3)), FAST_SIMS, anyio_backend
+        )
 
 
 # -- regressions found by the tests above ---------------------------------------------
