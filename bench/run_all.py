@@ -23,15 +23,17 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-#: (script, its quick arguments, needs the peers' virtualenv).
-BENCHMARKS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
-    ("bench_devices.py", ("-n", "5000", "--repeats", "3"), False),
-    ("bench_storage.py", (), False),
-    ("bench_models.py", ("--rounds", "1", "--min-time", "0.2"), False),
-    ("bench_placement.py", ("-n", "30"), False),
-    ("bench_executor.py", ("--workload", "W1,W3,W4", "--rounds", "1"), True),
-    ("bench_kernels.py", ("--rounds", "1"), True),
-    ("bench_split.py", ("--runs", "5"), True),
+#: (script, its quick arguments, needs the peers' virtualenv, reads the
+#: shared harness's workloads from ``--peers-dir``).
+BENCHMARKS: tuple[tuple[str, tuple[str, ...], bool, bool], ...] = (
+    ("bench_devices.py", ("-n", "5000", "--repeats", "3"), False, False),
+    ("bench_storage.py", (), False, False),
+    ("bench_models.py", ("--rounds", "1", "--min-time", "0.2"), False, False),
+    ("bench_placement.py", ("-n", "30"), False, False),
+    ("bench_row_split.py", ("--workload", "W2", "--runs", "10"), False, True),
+    ("bench_executor.py", ("--workload", "W1,W3,W4", "--rounds", "1"), True, True),
+    ("bench_kernels.py", ("--rounds", "1"), True, True),
+    ("bench_split.py", ("--runs", "5"), True, True),
 )
 
 
@@ -43,14 +45,14 @@ def main() -> int:
     have_peers = bool(os.environ.get("PEER_PY"))
     only = set(a.only.split(",")) if a.only else None
     failed: list[str] = []
-    for script, args, needs_peers in BENCHMARKS:
+    for script, args, needs_peers, reads_harness in BENCHMARKS:
         if only is not None and script not in only:
             continue
         if needs_peers and not have_peers:
             print(f"== {script}: skipped (set PEER_PY to run the peers)", flush=True)
             continue
         cmd = [sys.executable, str(HERE / script), *args]
-        if needs_peers and a.peers_dir:
+        if reads_harness and a.peers_dir:
             cmd += ["--peers-dir", a.peers_dir]
         print(f"== {script} {' '.join(args)}", flush=True)
         start = time.perf_counter()
