@@ -82,3 +82,35 @@ def test_a_copy_on_a_sim_stream_keeps_the_clock() -> None:
         api.free_stream(stream)
         api.free(device)
         cpu.free(host)
+
+
+def test_the_engine_serves_the_call_ready_first_by_the_model() -> None:
+    """Stream A runs a long call and has more queued behind it; stream B's
+    one call, launched while the long one runs, was ready first by the
+    model, so it gets the engine next, not A's next call (whose thread is
+    the one that just let the engine go)."""
+    import time
+
+    sim.configure(1, SimConfig(flops=1e9))
+    api = get_api("sim")
+    a, b = api.create_stream(S0), api.create_stream(S0)
+    try:
+        a.launch(nothing, work=10 * WORK)
+        long_done = a.record()
+        time.sleep(2e-3)  # the long call holds the engine by now
+        for _ in range(5):
+            a.launch(nothing, work=WORK)
+        b.launch(nothing, work=WORK)
+        b_done = b.record()
+        a_done = a.record()
+        a_done.synchronize()
+        b_done.synchronize()
+        assert b_done.completion.time == pytest.approx(
+            long_done.completion.time + CALL, abs=1e-9
+        )
+        assert a_done.completion.time == pytest.approx(
+            long_done.completion.time + 6 * CALL, abs=1e-9
+        )
+    finally:
+        api.free_stream(a)
+        api.free_stream(b)
