@@ -76,7 +76,13 @@ def _ufunc(ufunc: str) -> KernelFactory:
     return lambda xp: getattr(xp, ufunc)
 
 
-_TRANSCENDENTAL = _per_element(20.0)  # roughly, against a multiply-add
+# A transcendental function's work per element, in the units of the cpu's
+# ``flops`` (float32 matmul throughput): numpy's float32 exp takes about as
+# long as 150 matmul FLOPs, log 175, tanh 250 (measured on AVX2 and AVX-512
+# hosts alike: both scale with the vector width). One figure for all of them
+# keeps the model simple; 20, the count of a textbook polynomial, made the
+# planner think them 7-12x cheaper than they run.
+_TRANSCENDENTAL = _per_element(150.0)
 
 for _name, _func, _flops in (
     ("add", "add", None),
