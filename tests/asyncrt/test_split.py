@@ -156,7 +156,9 @@ def test_failed_and_cancelled_runs_of_a_split_plan_release_everything(
     with graph_executor.create(
         wide(first_tanh="my_tanh"), lib, "cpu", max_streams=2, params=params()
     ) as ex:
-        assert set(parts(ex.plan)) == {"j"}
+        # The join splits (a branch's tanh may too: t0's kernel declares
+        # no work, so its stream idles while another branch's tanh runs).
+        assert "j" in parts(ex.plan)
 
         async def run() -> Any:
             return await ex.run(x=X)
