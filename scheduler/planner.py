@@ -235,7 +235,8 @@ def _plan_streams(
         storage[entry] = TensorPlacement(
             lowered.location[owner], "alias", alias_of=owner
         )
-    order = HappensBefore(_skeleton(lowered, devices, placement, inputs))
+    skeleton = _skeleton(lowered, devices, placement, inputs)
+    order = HappensBefore(skeleton)
     arenas: dict[Device, Arena] = {}
     for device in devices:
         offsets, arena = _plan_device_storage(
@@ -251,18 +252,10 @@ def _plan_streams(
             storage[entry] = TensorPlacement(device, "arena", offset=offset)
         if offsets:  # zero-byte tensors still need an arena to view
             arenas[device] = arena
-    return Plan(
-        host=devices[0],
-        devices=devices,
-        placement=placement.device_of,
-        streams=lowered.streams,
-        order=lowered.order,
-        num_events=lowered.num_events,
-        tensors=lowered.tensors,
+    return dataclasses.replace(
+        skeleton,
         storage=storage,
         arenas=arenas,
-        inputs=inputs,
-        heads=lowered.heads,
         makespan=max(0.0, placement.makespan - saved),
         policy=placement.policy,
         constant_copies=lowered.constant_copies,

@@ -43,14 +43,7 @@ def _executor(
     model: Model, devices: list[Device], args: argparse.Namespace
 ) -> GraphModule:
     """An executor for ``model``, its parameters loaded."""
-    ex = graph_executor.create(
-        model.graph,
-        model.lib,
-        devices,
-        policy=args.policy,
-        max_streams=args.streams,
-        split=args.split,
-    )
+    ex = graph_executor.create(model.graph, model.lib, devices, **_planning(args))
     return _with_params(ex, model)
 
 
@@ -59,15 +52,14 @@ def _debug_executor(
 ) -> debug_executor.GraphModuleDebug:
     """A debug executor for ``model``, its parameters loaded."""
     ex = debug_executor.create(
-        model.graph,
-        model.lib,
-        devices,
-        policy=args.policy,
-        max_streams=args.streams,
-        split=args.split,
-        **debug,
+        model.graph, model.lib, devices, **_planning(args), **debug
     )
     return _with_params(ex, model)
+
+
+def _planning(args: argparse.Namespace) -> dict[str, Any]:
+    """The planning options every command takes from its arguments."""
+    return {"policy": args.policy, "max_streams": args.streams, "split": args.split}
 
 
 _Executor = TypeVar("_Executor", bound=GraphModule)
