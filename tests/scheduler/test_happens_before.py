@@ -355,6 +355,43 @@ def may_be_live_at_once(plan: Plan, graph: nx.DiGraph, a: Entry, b: Entry) -> bo
     return not (done_before(a, b) or done_before(b, a))
 
 
+def overlap_is_caught(plan: Plan, steps: nx.DiGraph, data: st.DataObject) -> bool:
+    """Put two arena tensors of ``plan`` that may be live at once (if any:
+    drawn from ``data``) at the same offset, and check that
+    :func:`check_plan` refuses the result.
+
+    :return: whether there were two such tensors.
+    """
+    conflicting = [
+        (a, b)
+        for device in plan.arenas
+        for a, b in itertools.combinations(
+            sorted(
+                e
+                for e, p in plan.storage.items()
+                if p.where == "arena"
+                and p.device == device
+                and plan.tensors[e].nbytes > 0
+            ),
+            2,
+        )
+        if may_be_live_at_once(plan, steps, a, b)
+    ]
+    if not conflicting:
+        return False
+    a, b = data.draw(st.sampled_from(conflicting))
+    storage = dict(plan.storage)
+    placed_a = storage[a]
+    storage[b] = TensorPlacement(placed_a.device, "arena", placed_a.offset)
+    end = placed_a.offset + plan.tensors[b].nbytes
+    arena = plan.arenas[placed_a.device]
+    arenas = {**plan.arenas, placed_a.device: Arena(max(arena.size, end), 0)}
+    corrupt = dataclasses.replace(plan, storage=storage, arenas=arenas)
+    with pytest.raises(PlanError, match="share bytes"):
+        check_plan(corrupt)
+    return True
+
+
 @settings(
     max_examples=200,
     deadline=None,
@@ -391,32 +428,7 @@ def test_planned_random_dags_are_race_free_and_corruption_is_caught(
         assert order.before(x, y) == nx.has_path(steps, at[x], at[y]), (x, y)
 
     # Overlap two tensors of one arena: caught exactly when both may be live.
-    conflicting = [
-        (a, b)
-        for device in plan.arenas
-        for a, b in itertools.combinations(
-            sorted(
-                e
-                for e, p in plan.storage.items()
-                if p.where == "arena"
-                and p.device == device
-                and plan.tensors[e].nbytes > 0
-            ),
-            2,
-        )
-        if may_be_live_at_once(plan, steps, a, b)
-    ]
-    if not conflicting:
+    if overlap_is_caught(plan, steps, data):
+        event("overlapped two tensors that may be live at once")
+    else:
         event("no two tensors may be live at once")
-        return
-    event("overlapped two tensors that may be live at once")
-    a, b = data.draw(st.sampled_from(conflicting))
-    storage = dict(plan.storage)
-    placed_a = storage[a]
-    storage[b] = TensorPlacement(placed_a.device, "arena", placed_a.offset)
-    end = placed_a.offset + plan.tensors[b].nbytes
-    arena = plan.arenas[placed_a.device]
-    arenas = {**plan.arenas, placed_a.device: Arena(max(arena.size, end), 0)}
-    corrupt = dataclasses.replace(plan, storage=storage, arenas=arenas)
-    with pytest.raises(PlanError, match="share bytes"):
-        check_plan(corrupt)

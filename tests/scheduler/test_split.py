@@ -32,7 +32,7 @@ from tests.scheduler.test_happens_before import (
     dags,
     hand_plan,
     launch,
-    may_be_live_at_once,
+    overlap_is_caught,
     step_graph,
 )
 
@@ -548,34 +548,7 @@ def test_random_dags_split_race_free_and_bit_identical(
         assert len({s for s, _ in parts}) == len(parts)  # one stream each
 
     # Overlapping two tensors that may be live at once is still caught.
-    steps = step_graph(plan)
-    conflicting = [
-        (a, b)
-        for device in plan.arenas
-        for a, b in itertools.combinations(
-            sorted(
-                e
-                for e, p in plan.storage.items()
-                if p.where == "arena"
-                and p.device == device
-                and plan.tensors[e].nbytes > 0
-            ),
-            2,
-        )
-        if may_be_live_at_once(plan, steps, a, b)
-    ]
-    if conflicting:
-        a, b = data.draw(st.sampled_from(conflicting))
-        storage = dict(plan.storage)
-        storage[b] = dataclasses.replace(storage[a])
-        end = storage[a].offset + plan.tensors[b].nbytes
-        arenas = dict(plan.arenas)
-        arena = arenas[storage[a].device]
-        arenas[storage[a].device] = dataclasses.replace(
-            arena, size=max(arena.size, end)
-        )
-        with pytest.raises(PlanError, match="share bytes"):
-            check_plan(dataclasses.replace(plan, storage=storage, arenas=arenas))
+    overlap_is_caught(plan, step_graph(plan), data)
 
     # And it runs to what whole kernels compute.
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
