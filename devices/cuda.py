@@ -27,6 +27,7 @@ import cupy
 import numpy as np
 
 from ._api import Buffer, DeviceAPI
+from ._callback_thread import Graveyard
 from ._device import Device, DLDeviceType
 from ._dtype import dtype_string
 from ._event import Completion, Event
@@ -42,6 +43,10 @@ __all__ = ("CUDADeviceAPI", "CUDAStream")
 # else (a blocking copy) is synchronous. Private; never an ambient default.
 _worker_state = threading.local()
 
+# CUDA events whose completion died on the host-callback thread, where
+# destroying them is not permitted; stream threads destroy them.
+_retired_events = Graveyard()
+
 
 class CUDACompletion(Completion):
     """A completion backed by a CUDA event, for device-side waits."""
@@ -54,6 +59,10 @@ class CUDACompletion(Completion):
         self.issued = threading.Event()
         self.cuda_event: Any = None
         self.issue_error: BaseException | None = None
+
+    def __del__(self) -> None:
+        if self.cuda_event is not None and _retired_events.on_callback_thread:
+            _retired_events.keep(self.cuda_event)
 
 
 class CUDAStream(Stream):
@@ -76,6 +85,7 @@ class CUDAStream(Stream):
         if not isinstance(completion, CUDACompletion):
             completion.set(error)
             return
+        _retired_events.drain()
         completion.issue_error = error
         completion.cuda_event = self.cupy_stream.record()
         completion.issued.set()
@@ -98,6 +108,7 @@ class CUDAStream(Stream):
 
 
 def _set_completion(arg: tuple[Completion, BaseException | None]) -> None:
+    _retired_events.mark_callback_thread()
     completion, error = arg
     completion.set(error)
 
