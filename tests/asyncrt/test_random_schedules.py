@@ -208,12 +208,17 @@ def _heads(draw: st.DrawFn, nodes: Sequence[Node]) -> tuple[Ref, ...]:
 
 
 @st.composite
-def placings(draw: st.DrawFn, case: Case, user_policy: bool) -> Placing:
-    """A random placement of ``case``: host and device order, pins, and a
-    named policy or the random user policy."""
-    devices = tuple(draw(st.permutations(DEVICES)))
+def placings(
+    draw: st.DrawFn,
+    case: Case,
+    user_policy: bool,
+    among: Sequence[str] = DEVICES,
+) -> Placing:
+    """A random placement of ``case`` over the devices ``among``: host and
+    device order, pins, and a named policy or the random user policy."""
+    devices = tuple(draw(st.permutations(among)))
     ops = [i for i, n in enumerate(case.nodes) if not n.is_null]
-    device = st.sampled_from(DEVICES)
+    device = st.sampled_from(among)
     pins = {i: draw(device) for i in ops if draw(st.integers(0, 2)) == 0}
     if user_policy:
         policy = None
@@ -364,9 +369,10 @@ def _pair(a: Array, first: Array, second: Array) -> None:
     np.multiply(a, np.float32(0.5), second)
 
 
-def make_lib(seed: int) -> asyncrt.Module:
-    """``pair`` and a ``slow_`` twin of every kernel, which sleeps a random
-    0-1 ms (from a seeded, locked generator) and then computes."""
+def make_lib(seed: int, kinds: Sequence[str] = ("cpu", "sim")) -> asyncrt.Module:
+    """``pair`` and a ``slow_`` twin of every kernel for the device ``kinds``
+    (numpy on cpu and sim, cupy on cuda); a twin sleeps a random 0-1 ms
+    (from a seeded, locked generator) and then computes (on cuda: launches)."""
     rng = random.Random(seed)
     lock = threading.Lock()
 
@@ -379,14 +385,27 @@ def make_lib(seed: int) -> asyncrt.Module:
 
         return run
 
-    kernels: dict[str, Callable[..., None]] = {"pair": _pair}
-    for op in (*UNARY, *BINARY, *TERNARY):
-        if op == "__nop":
-            continue
-        base = kernels.get(op) or asyncrt.get_global_func(op, "cpu")
-        assert base is not None
-        kernels[f"slow_{op}"] = slow(base)
-    return asyncrt.Module(kernels, kinds=("cpu", "sim"))
+    table: dict[str, dict[str, Callable[..., None]]] = {}
+    for kind in kinds:
+        kernels: dict[str, Callable[..., None]] = {
+            "pair": _cupy_pair if kind == "cuda" else _pair
+        }
+        for op in (*UNARY, *BINARY, *TERNARY):
+            if op == "__nop":
+                continue
+            base = kernels.get(op) or asyncrt.get_global_func(op, kind)
+            assert base is not None
+            kernels[f"slow_{op}"] = slow(base)
+        for name, kernel in kernels.items():
+            table.setdefault(name, {})[kind] = kernel
+    return asyncrt.Module(table)
+
+
+def _cupy_pair(a: Any, first: Any, second: Any) -> None:
+    import cupy
+
+    cupy.tanh(a, first)
+    cupy.multiply(a, cupy.float32(0.5), second)
 
 
 def reference(case: Case, values: Mapping[int, Array]) -> list[Array]:
@@ -445,14 +464,22 @@ def run_inputs(case: Case, values: Mapping[int, Array]) -> dict[str, Any]:
     return {case.name(i): v for i, v in values.items() if case.nodes[i].op == "input"}
 
 
-def assert_outputs(case: Case, got: Sequence[Any] | None, want: list[Array]) -> None:
+def assert_outputs(
+    case: Case, got: Sequence[Any] | None, want: list[Array], rtol: float = 0.0
+) -> None:
+    """Every head as the reference has it: bit for bit, or within ``rtol``
+    (and as much absolute error) where another math library computed it."""
     assert got is not None
     assert len(got) == len(want)
     for k, (array, expected) in enumerate(zip(got, want, strict=True)):
         actual = array.numpy()
         assert actual.shape == expected.shape, f"head {k} ({case.heads[k]})"
-        np.testing.assert_array_equal(
-            actual, expected, err_msg=f"head {k} ({case.heads[k]}) of {case}"
+        np.testing.assert_allclose(
+            actual,
+            expected,
+            rtol=rtol,
+            atol=rtol,
+            err_msg=f"head {k} ({case.heads[k]}) of {case}",
         )
 
 
@@ -462,10 +489,12 @@ def check_case(
     concurrent: int,
     configs: Sequence[sim.SimConfig],
     backend: str,
+    rtol: float = 0.0,
 ) -> None:
     """Plan, check the plan, and run ``case`` under ``placing``: once with
     ``run_sync``, then on ``backend`` once awaited and ``concurrent`` awaited
-    runs at once, each with its own inputs."""
+    runs at once, each with its own inputs. Outputs match the reference bit
+    for bit, or within ``rtol`` (for devices with other math libraries)."""
     sim.configure(2, configs)
     rng = np.random.default_rng(case.seed)
     base = draw_values(case, rng)
@@ -487,7 +516,7 @@ def check_case(
     declared = bool(params) and case.seed % 2 == 0
     with graph_executor.create(
         build(case, placing),
-        make_lib(case.seed),
+        make_lib(case.seed, sorted({Device.parse(d).kind for d in placing.devices})),
         list(placing.devices),
         policy=policy,
         max_streams=placing.max_streams,
@@ -509,12 +538,12 @@ def check_case(
             ex.load_params(params)  # again when declared: copies refresh
         values = fresh()
         got = ex.run_sync(**run_inputs(case, values))
-        assert_outputs(case, got, reference(case, values))
+        assert_outputs(case, got, reference(case, values), rtol)
         batches = [[fresh()], [fresh() for _ in range(concurrent)]]
         results = anyio.run(awaited_runs, ex, case, batches, backend=backend)
         for batch, outputs in zip(batches, results, strict=True):
             for values, got in zip(batch, outputs, strict=True):
-                assert_outputs(case, got, reference(case, values))
+                assert_outputs(case, got, reference(case, values), rtol)
 
 
 async def awaited_runs(
@@ -551,13 +580,18 @@ COMMON = settings(
 
 
 def run_placings(
-    data: st.DataObject, case: Case, user_policy: bool, backend: str
+    data: st.DataObject,
+    case: Case,
+    user_policy: bool,
+    backend: str,
+    among: Sequence[str] = DEVICES,
+    rtol: float = 0.0,
 ) -> None:
     configs = data.draw(sim_configs())
     for _ in range(PLACEMENTS):
-        placing = data.draw(placings(case, user_policy))
+        placing = data.draw(placings(case, user_policy, among))
         concurrent = data.draw(st.integers(3, 5))
-        check_case(case, placing, concurrent, configs, backend)
+        check_case(case, placing, concurrent, configs, backend, rtol)
 
 
 # -- the tests: cases = examples x PLACEMENTS, on each backend ---------------------

@@ -143,8 +143,8 @@ def _stored_names() -> frozenset[str]:
     return frozenset(onnx.TensorProto.DataType.Name(t) for t in _STORED)
 
 
-def run_case(case: TestCase) -> None:
-    """Import, run on cpu and compare one case.
+def run_case(case: TestCase, device: str = "cpu") -> None:
+    """Import, run on ``device`` and compare one case.
 
     :raises AssertionError: if the outputs differ beyond ONNX's tolerances.
     :raises AsyncrtError: if asyncrt refuses the model.
@@ -158,7 +158,7 @@ def run_case(case: TestCase) -> None:
     bound = set(static_inputs(model))
     graph, params = from_onnx(model, bind={n: feeds[n] for n in bound})
     runtime = {n: v for n, v in feeds.items() if n not in bound}
-    with graph_executor.create(graph, None, "cpu") as executor:
+    with graph_executor.create(graph, None, device) as executor:
         executor.load_params(params)
         executor.set_input(**runtime)
         executor.run_sync()
