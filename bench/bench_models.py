@@ -18,7 +18,14 @@ Runners:
 * ``asyncrt``: ``from_onnx`` then ``graph_executor.create(..., "cpu")`` and
   ``run_sync(x=...)`` (inputs in, outputs out as new arrays the caller
   owns, as ``sess.run``);
-* ``asyncrt-fused``: the same with ``fuse=True``.
+* ``asyncrt-fused``: the same with ``fuse=True``;
+* ``asyncrt-cuda`` / ``asyncrt-cuda-fused``: the same on ``cuda:0`` (cupy
+  kernels; fused chains as ``cupy.ElementwiseKernel``), outputs copied back
+  to host arrays inside the timed call, as ONNX Runtime returns them;
+* ``ort-cuda``: ONNX Runtime's CUDA provider, where its build has one.
+
+The GPU runners and the ``enc-b16`` model (the encoder at batch 16, sequence
+128, width 256) are not in the defaults: they need cupy and a GPU.
 
 Outputs are compared with ONNX Runtime's (``max|d| / max|ref| <= 1e-4``).
 Each pair: warm-up, then at least ``--min-runs`` timed runs and
@@ -67,11 +74,11 @@ def build_model(name: str) -> tuple[Any, dict[str, Any]]:
         model = small_cnn(batch=batch)
         x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
     else:
-        kw = (
-            {"batch": 1, "seq": 128, "dim": 256, "heads": 8}
-            if name == "enc-s128"
-            else {}
-        )
+        serving = {"batch": 1, "seq": 128, "dim": 256, "heads": 8}
+        kw = {
+            "enc-s128": serving,
+            "enc-b16": {**serving, "batch": 16},
+        }.get(name, {})
         model = encoder_block(**kw)
         shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
         x = rng.standard_normal(shape).astype(np.float32)
@@ -82,6 +89,10 @@ def _ort_session(model: Any, runner: str) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    if runner == "ort-cuda":
+        return ort.InferenceSession(
+            model.SerializeToString(), so, providers=["CUDAExecutionProvider"]
+        )
     if "-par-" in runner:
         so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
         so.inter_op_num_threads = 2
@@ -111,12 +122,18 @@ def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
         from asyncrt.frontend import from_onnx
 
         graph, params = from_onnx(model)
+        on_gpu = "-cuda" in runner
         ex = graph_executor.create(
-            graph, None, "cpu", params=params, fuse=runner.endswith("-fused")
+            graph,
+            None,
+            "cuda" if on_gpu else "cpu",
+            params=params,
+            fuse=runner.endswith("-fused"),
         )
 
         def fn() -> list[Any]:
-            return ex.run_sync(**feed) or []
+            outputs = ex.run_sync(**feed) or []
+            return [o.numpy() for o in outputs] if on_gpu else outputs
 
     setup_s = time.perf_counter() - t0
     out = fn()
