@@ -26,6 +26,7 @@ from ._devices import sim as sim
 from ._factory import GraphExecutorFactory as GraphExecutorFactory
 from ._factory import build as build
 from ._factory import load_module as load_module
+from ._kernels import Bindable as Bindable
 from ._kernels import Module as Module
 from ._kernels import get_global_func as get_global_func
 from ._kernels import list_global_func_names as list_global_func_names

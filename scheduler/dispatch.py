@@ -35,6 +35,10 @@ predicted makespan.
 A launch that is one part of a split node (:mod:`scheduler.split`) is bound
 to views of its rows: the kernel sees ``a[r0:r1], ..., out[r0:r1]``.
 
+A :class:`Bindable` kernel is bound to its arrays once, when the program is
+(TVM's ``op_execs``): the views, layouts and small scratch buffers that
+depend only on them are made then, not on every call.
+
 Tracing is opt-in (:mod:`scheduler.trace`): a program given a
 :class:`~scheduler.trace.TraceRecorder` binds traced calls instead of the
 plain ones; without one, nothing on the run path changes.
@@ -70,7 +74,14 @@ from .errors import NodeFailedError
 from .plan import Launch, Plan, RecordEvent
 from .trace import ProgramTrace, TraceRecorder
 
-__all__ = ("CHECK_EVERY", "Program", "rehearse_start", "runs_inline", "start_latency")
+__all__ = (
+    "CHECK_EVERY",
+    "Bindable",
+    "Program",
+    "rehearse_start",
+    "runs_inline",
+    "start_latency",
+)
 
 #: A batch checks for cancellation (or failure elsewhere) once per this many
 #: calls, and before every call estimated at :data:`HEAVY_WORK` FLOPs or
@@ -80,6 +91,28 @@ CHECK_EVERY = 64
 HEAVY_WORK = 1e5
 
 Kernel = Callable[..., Any]
+
+
+class Bindable:
+    """A kernel that may also be bound to arrays that never change.
+
+    :param call: the kernel, ``call(*arrays)``.
+    :param binder: ``binder(*arrays)`` -> a call without arguments doing
+        what ``call(*arrays)`` does, on those same arrays every time.
+    """
+
+    __slots__ = ("_binder", "_call")
+
+    def __init__(self, call: Kernel, binder: Callable[..., Callable[[], None]]) -> None:
+        self._call = call
+        self._binder = binder
+
+    def __call__(self, *arrays: Any) -> None:
+        self._call(*arrays)
+
+    def bind(self, *arrays: Any) -> Callable[[], None]:
+        """The kernel bound to ``arrays`` (the caller keeps them alive)."""
+        return self._binder(*arrays)
 
 
 class _Stopped(Exception):
@@ -379,16 +412,20 @@ class Program:
         kernel = kernels[step.nid]
         arrays = tuple(self.arrays[e].backend_array() for e in step.args)
         part = step.part
-        if part is None:
-            return kernel, arrays
-        # A part of a split node: its rows of the output and of every input
-        # cut with it; the other inputs whole (they broadcast).
-        rows = slice(part.start, part.stop)
-        cut = (*part.cut, *(True for _ in step.args[step.num_inputs :]))
-        return kernel, tuple(
-            array[rows] if sliced else array
-            for array, sliced in zip(arrays, cut, strict=True)
-        )
+        if part is not None:
+            # A part of a split node: its rows of the output and of every
+            # input cut with it; the other inputs whole (they broadcast).
+            rows = slice(part.start, part.stop)
+            cut = (*part.cut, *(True for _ in step.args[step.num_inputs :]))
+            arrays = tuple(
+                array[rows] if sliced else array
+                for array, sliced in zip(arrays, cut, strict=True)
+            )
+        # A kernel that binds to its arrays does its per-array work once,
+        # here: this program's arrays are the same for every run.
+        if isinstance(kernel, Bindable):
+            return kernel.bind(*arrays), ()
+        return kernel, arrays
 
     # -- running ---------------------------------------------------------------
 

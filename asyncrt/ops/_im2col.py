@@ -24,12 +24,19 @@ The batch is processed in chunks whose column matrix stays under
 :data:`CHUNK_BYTES`, which bounds the scratch memory (allocated once per
 call); L2-sized chunks measured slower on the test CNN at batch 32 (the
 per-chunk calls cost more than the cache saves).
+
+:func:`bind_stride1` does the same on arrays that never change (a run
+context's): the views and scratch buffers are made once, and a call is the
+four or five array calls alone (half the time of a small model's conv).
+Scratch kept per binding is bounded by :data:`BOUND_SCRATCH_BYTES`; larger
+convolutions allocate per call, where the work dwarfs it.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -38,11 +45,14 @@ import numpy as np
 
 from ._common import Array
 
-__all__ = ("CHUNK_BYTES", "conv_stride1")
+__all__ = ("BOUND_SCRATCH_BYTES", "CHUNK_BYTES", "bind_stride1", "conv_stride1")
 
 #: The column matrix of one chunk of the batch stays under this many bytes
 #: (at least one image per chunk).
 CHUNK_BYTES = 1 << 23
+#: A bound convolution keeps its scratch buffers (the padded planes, the
+#: column matrix, the padded-row result) if together they fit in this.
+BOUND_SCRATCH_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -175,3 +185,75 @@ def conv_stride1(
             xp.add(rows, bias_view, target)
         if relu:
             xp.maximum(target, 0, out=target)
+
+
+def bind_stride1(
+    xp: ModuleType,
+    x: Array,
+    w: Array,
+    bias: Array | None,
+    out: Array,
+    group: int,
+    begin: tuple[int, ...],
+    dilations: tuple[int, ...],
+    *,
+    relu: bool = False,
+) -> Callable[[], None] | None:
+    """:func:`conv_stride1` on these arrays, every time: a call without
+    arguments, or ``None`` where its scratch would not fit in
+    :data:`BOUND_SCRATCH_BYTES` (the whole batch in one chunk)."""
+    n, c = x.shape[:2]
+    m, cg = w.shape[:2]
+    out_spatial = out.shape[2:]
+    layout = _layout(
+        x.shape,
+        w.shape,
+        out_spatial,
+        tuple(begin),
+        tuple(dilations),
+        x.itemsize,
+        CHUNK_BYTES,
+    )
+    length, mg = layout.length, m // group
+    weights = w.reshape(group, mg, -1)
+    bias_view = None if bias is None else bias.reshape(1, m, *(1,) * len(out_spatial))
+    copyto, matmul, add, maximum = xp.copyto, xp.matmul, xp.add, xp.maximum
+    if layout.direct:
+        cols = x.reshape(n, group, cg, length)
+        result = out.reshape(n, group, mg, length)
+
+        def direct() -> None:
+            matmul(weights, cols, out=result)
+            if bias_view is not None:
+                add(out, bias_view, out)
+            if relu:
+                maximum(out, 0, out=out)
+
+        return direct
+    scratch = x.itemsize * n * (c * layout.row + c * math.prod(layout.taps) * length)
+    scratch += x.itemsize * n * m * length
+    if layout.chunk < n or scratch > BOUND_SCRATCH_BYTES:
+        return None
+    # The padded planes' borders stay zero: only their interior is written.
+    flat = xp.zeros((n, c, layout.row), dtype=x.dtype)
+    grid = flat[:, :, : layout.plane].reshape(n, c, *layout.padded)
+    inner = (slice(None), slice(None), *layout.inner)
+    interior = grid[inner]
+    view = _windows(xp, flat, layout)
+    cols = xp.empty(view.shape, dtype=x.dtype)
+    matrix = cols.reshape(n, group, -1, length)
+    result = xp.empty((n, group, mg, length), dtype=x.dtype)
+    rows = result.reshape(n, m, out_spatial[0], *layout.padded[1:])[layout.keep]
+
+    def padded() -> None:
+        copyto(interior, x)
+        copyto(cols, view)
+        matmul(weights, matrix, out=result)
+        if bias_view is None:
+            copyto(out, rows)
+        else:
+            add(rows, bias_view, out)
+        if relu:
+            maximum(out, 0, out=out)
+
+    return padded

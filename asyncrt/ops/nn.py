@@ -23,8 +23,9 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
+from .._kernels import Bindable
 from ._common import Array, choice, flag, integer, ints, number, opt_ints, quiet
-from ._im2col import conv_stride1
+from ._im2col import bind_stride1, conv_stride1
 from ._registry import Attrs, define
 from ._windows import Geometry, pad_spatial, reduce_windows, windows
 
@@ -109,7 +110,18 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         if relu:
             xp.maximum(out, 0, out=out)
 
-    return conv
+    def bind(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
+        out = rest[-1]
+        bound = None
+        if x.dtype != np.float16 and all(s == 1 for s in geometry.strides):
+            begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
+            bias = rest[0] if has_bias else None
+            bound = bind_stride1(
+                xp, x, w, bias, out, group, begin, geometry.dilations, relu=relu
+            )
+        return bound or functools.partial(conv, x, w, *rest)
+
+    return Bindable(conv, bind)
 
 
 def _depthwise(xp: ModuleType, view: Array, w: Array, out: Array) -> None:

@@ -4,12 +4,14 @@ a batch split into chunks."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
 import numpy as np
 import pytest
 
+from asyncrt import Bindable
 from asyncrt.ops import _im2col
 from asyncrt.ops._registry import lookup
 
@@ -98,6 +100,59 @@ def test_stride1_conv_matches_reference(
     out = np.full(want.shape, np.nan, np.float32)
     kernel(x, w, *([b] if b is not None else []), out)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("scratch_bytes", [1 << 20, 0])
+@pytest.mark.parametrize(("xs", "ws", "group", "pads", "dil", "bias"), CASES)
+def test_a_bound_conv_computes_what_the_call_does(
+    monkeypatch: pytest.MonkeyPatch,
+    scratch_bytes: int,
+    relu: bool,
+    xs: tuple[int, ...],
+    ws: tuple[int, ...],
+    group: int,
+    pads: list[int],
+    dil: list[int],
+    bias: bool,
+) -> None:
+    """``kernel.bind(*arrays)()`` (views and scratch made once; with no room
+    for scratch, the plain call) gives the plain call's bits, run after run
+    on new values in the same arrays (the padding stays zero)."""
+    monkeypatch.setattr(_im2col, "BOUND_SCRATCH_BYTES", scratch_bytes)
+    rank = len(xs) - 2
+    attrs = {
+        "kernel_shape": list(ws[2:]),
+        "strides": [1] * rank,
+        "dilations": dil,
+        "pads": pads,
+        "auto_pad": "NOTSET",
+        "group": group,
+        "bias": bias,
+    }
+    if relu:
+        attrs["activation"] = "relu"
+    kernel = lookup("conv").make(np, attrs)
+    assert isinstance(kernel, Bindable)
+    rng = np.random.default_rng(math.prod(ws))
+    x = np.zeros(xs, np.float32)
+    w = np.zeros(ws, np.float32)
+    b = [np.zeros(ws[0], np.float32)] if bias else []
+    out_shape = _reference(x, w, None, group, pads, dil).shape
+    out = np.full(out_shape, np.nan, np.float32)
+    bound = kernel.bind(x, w, *b, out)
+    # With room for its scratch, every case here binds its own call.
+    assert isinstance(bound, functools.partial) == (scratch_bytes == 0 and any(pads))
+    for _ in range(3):
+        for array in (x, w, *b):
+            array[...] = rng.standard_normal(array.shape)
+        want = np.full(out_shape, np.nan, np.float32)
+        kernel(x, w, *b, want)
+        out[...] = np.nan
+        bound()
+        np.testing.assert_array_equal(out, want)
+    if relu:
+        assert (out >= 0).all()
 
 
 POOLS = [
