@@ -30,7 +30,7 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
-from ._kernels import FlopsFunction, register_func
+from ._kernels import Bindable, FlopsFunction, register_func
 
 __all__ = ("register_for_all_kinds",)
 
@@ -189,6 +189,38 @@ def softmax_last_axis(a: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> Non
         _normalise_rows(rows, width)
 
 
+def bind_softmax_last_axis(
+    a: np.ndarray[Any, Any], out: np.ndarray[Any, Any]
+) -> Callable[[], None]:
+    """:func:`softmax_last_axis` bound to these arrays: the row views and
+    the row sums' buffer made once (bit for bit the call's results)."""
+    width = a.shape[-1]
+    flat, rows = a.reshape(-1, width), out.reshape(-1, width)
+    totals = np.empty(flat.shape[0], dtype=a.dtype)
+    column, ones = totals.reshape(-1, 1), _ones(width, a.dtype.str)
+    minimum, maximum, fmax = np.minimum.reduce, np.maximum.reduce, np.fmax.reduce
+    exp, subtract, matmul = np.exp, np.subtract, np.matmul
+    reciprocal, multiply = np.reciprocal, np.multiply
+
+    def normalise() -> None:
+        matmul(rows, ones, out=totals)
+        reciprocal(totals, totals)
+        multiply(rows, column, rows)
+
+    def softmax() -> None:
+        low, high = minimum(flat, axis=None), maximum(flat, axis=None)
+        if low >= -NO_SHIFT_BOUND and high <= NO_SHIFT_BOUND:
+            exp(flat, rows)
+            normalise()
+            return
+        with np.errstate(all="ignore"):
+            subtract(flat, fmax(flat, axis=1, keepdims=True), rows)
+            exp(rows, rows)
+            normalise()
+
+    return softmax
+
+
 def _normalise_rows(rows: np.ndarray[Any, Any], width: int) -> None:
     """Divide each row by its sum, in place."""
     totals = np.matmul(rows, _ones(width, rows.dtype.str))
@@ -204,15 +236,25 @@ def _ones(width: int, dtype: str) -> np.ndarray[Any, Any]:
 
 
 def _softmax(xp: ModuleType) -> Callable[..., None]:
+    def by_rows(a: Array) -> bool:
+        return bool(
+            xp is np and a.dtype in (np.float32, np.float64) and a.ndim and a.size
+        )
+
     def softmax(a: Array, out: Array) -> None:
-        if xp is np and a.dtype in (np.float32, np.float64) and a.ndim and a.size:
+        if by_rows(a):
             softmax_last_axis(a, out)
             return
         xp.subtract(a, a.max(axis=-1, keepdims=True), out)  # numerically stable
         xp.exp(out, out)
         xp.divide(out, out.sum(axis=-1, keepdims=True), out)
 
-    return softmax
+    def bind(a: Array, out: Array) -> Callable[[], None]:
+        if by_rows(a):
+            return bind_softmax_last_axis(a, out)
+        return functools.partial(softmax, a, out)
+
+    return Bindable(softmax, bind)
 
 
 def _sum(xp: ModuleType) -> Callable[..., None]:

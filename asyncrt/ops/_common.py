@@ -11,11 +11,25 @@ import numpy as np
 
 from ._registry import Attrs
 
-__all__ = ("Array", "choice", "flag", "integer", "ints", "number", "opt_ints", "quiet")
+__all__ = (
+    "BOUND_SCRATCH_BYTES",
+    "Array",
+    "choice",
+    "flag",
+    "integer",
+    "ints",
+    "number",
+    "opt_ints",
+    "quiet",
+)
 
 #: A numpy or cupy array.
 Array = Any
 _NON_FINITE = ("inf", "-inf", "nan")
+#: A kernel bound to its arrays (:class:`~asyncrt.Bindable`) keeps scratch
+#: buffers of its own if together they fit in this many bytes; larger ones
+#: are allocated per call, where the work dwarfs the allocation.
+BOUND_SCRATCH_BYTES = 1 << 20
 
 
 def quiet(xp: ModuleType) -> contextlib.AbstractContextManager[Any]:

@@ -28,7 +28,7 @@ per-chunk calls cost more than the cache saves).
 :func:`bind_stride1` does the same on arrays that never change (a run
 context's): the views and scratch buffers are made once, and a call is the
 four or five array calls alone (half the time of a small model's conv).
-Scratch kept per binding is bounded by :data:`BOUND_SCRATCH_BYTES`; larger
+Scratch kept per binding is bounded by ``BOUND_SCRATCH_BYTES``; larger
 convolutions allocate per call, where the work dwarfs it.
 """
 
@@ -43,16 +43,14 @@ from typing import Any
 
 import numpy as np
 
+from . import _common
 from ._common import Array
 
-__all__ = ("BOUND_SCRATCH_BYTES", "CHUNK_BYTES", "bind_stride1", "conv_stride1")
+__all__ = ("CHUNK_BYTES", "bind_stride1", "conv_stride1")
 
 #: The column matrix of one chunk of the batch stays under this many bytes
 #: (at least one image per chunk).
 CHUNK_BYTES = 1 << 23
-#: A bound convolution keeps its scratch buffers (the padded planes, the
-#: column matrix, the padded-row result) if together they fit in this.
-BOUND_SCRATCH_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -201,7 +199,7 @@ def bind_stride1(
 ) -> Callable[[], None] | None:
     """:func:`conv_stride1` on these arrays, every time: a call without
     arguments, or ``None`` where its scratch would not fit in
-    :data:`BOUND_SCRATCH_BYTES` (the whole batch in one chunk)."""
+    ``BOUND_SCRATCH_BYTES`` (the whole batch in one chunk)."""
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
     out_spatial = out.shape[2:]
@@ -232,7 +230,7 @@ def bind_stride1(
         return direct
     scratch = x.itemsize * n * (c * layout.row + c * math.prod(layout.taps) * length)
     scratch += x.itemsize * n * m * length
-    if layout.chunk < n or scratch > BOUND_SCRATCH_BYTES:
+    if layout.chunk < n or scratch > _common.BOUND_SCRATCH_BYTES:
         return None
     # The padded planes' borders stay zero: only their interior is written.
     flat = xp.zeros((n, c, layout.row), dtype=x.dtype)

@@ -21,7 +21,14 @@ from typing import Any
 
 from ._common import Array
 
-__all__ = ("Geometry", "pad_spatial", "reduce_windows", "windows")
+__all__ = (
+    "Geometry",
+    "bind_padded",
+    "bind_reduce_windows",
+    "pad_spatial",
+    "reduce_windows",
+    "windows",
+)
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,28 @@ def pad_spatial(
     return padded
 
 
+def bind_padded(
+    xp: ModuleType,
+    a: Array,
+    begin: tuple[int, ...],
+    end: tuple[int, ...],
+    value: float | int,
+) -> tuple[Array, Callable[[], None] | None]:
+    """A buffer holding ``a`` padded with ``value``, for a kernel bound to
+    ``a``: the pads are filled once, and the returned call copies ``a``'s
+    current values into the interior (``(a, None)`` without pads).
+    """
+    if not any(begin) and not any(end):
+        return a, None
+    padded = pad_spatial(xp, a, begin, end, value)
+    inner = (
+        slice(None),
+        slice(None),
+        *(slice(b, b + s) for b, s in zip(begin, a.shape[2:], strict=True)),
+    )
+    return padded, functools.partial(xp.copyto, padded[inner], a)
+
+
 def windows(
     xp: ModuleType, padded: Array, geometry: Geometry, out_shape: tuple[int, ...]
 ) -> Array:
@@ -159,6 +188,29 @@ def reduce_windows(
     out[...] = padded[first]
     for index in rest:
         combine(out, padded[index], out=out)
+
+
+def bind_reduce_windows(
+    xp: ModuleType,
+    padded: Array,
+    geometry: Geometry,
+    combine: Callable[..., Any],
+    out: Array,
+    before: Callable[[], None] | None = None,
+) -> Callable[[], None]:
+    """:func:`reduce_windows` bound to these arrays (the strided views made
+    once), after ``before`` (a :func:`bind_padded` refresh) if given."""
+    first, *rest = (padded[i] for i in _window_slices(geometry, tuple(out.shape[2:])))
+    copyto = xp.copyto
+
+    def fold() -> None:
+        if before is not None:
+            before()
+        copyto(out, first)
+        for view in rest:
+            combine(out, view, out=out)
+
+    return fold
 
 
 @functools.lru_cache(maxsize=64)

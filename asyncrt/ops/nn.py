@@ -24,10 +24,18 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from .._kernels import Bindable
+from . import _common
 from ._common import Array, choice, flag, integer, ints, number, opt_ints, quiet
 from ._im2col import bind_stride1, conv_stride1
 from ._registry import Attrs, define
-from ._windows import Geometry, pad_spatial, reduce_windows, windows
+from ._windows import (
+    Geometry,
+    bind_padded,
+    bind_reduce_windows,
+    pad_spatial,
+    reduce_windows,
+    windows,
+)
 
 __all__ = ()
 
@@ -154,7 +162,24 @@ def _max_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
                 xp, view, x.shape, begin, geometry, column_major, indices[0]
             )
 
-    return max_pool
+    def bind(x: Array, out: Array, *indices: Array) -> Callable[[], None]:
+        out_spatial = out.shape[2:]
+        begin, _, reach = geometry.padding(x.shape[2:], out_spatial)
+        if with_indices or not _fits(x, begin, reach):
+            return functools.partial(max_pool, x, out, *indices)
+        lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        padded, refresh = bind_padded(xp, x, begin, reach, lowest)
+        return bind_reduce_windows(xp, padded, geometry, xp.maximum, out, refresh)
+
+    return Bindable(max_pool, bind)
+
+
+def _fits(x: Array, begin: tuple[int, ...], end: tuple[int, ...]) -> bool:
+    """Whether ``x`` padded by ``begin`` and ``end`` fits in a bound
+    kernel's scratch."""
+    padded = [b + s + e for b, s, e in zip(begin, x.shape[2:], end, strict=True)]
+    nbytes = x.itemsize * x.shape[0] * x.shape[1] * math.prod(padded)
+    return bool(nbytes <= _common.BOUND_SCRATCH_BYTES)
 
 
 def _argmax_indices(
@@ -239,45 +264,85 @@ def _avg_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
         scale = 1 / math.prod(geometry.kernel) if inverse is None else inverse
         return (columns * scale).reshape(size, -1).astype(dtype)
 
-    def avg_pool(x: Array, out: Array) -> None:
+    def by_matrix(x: Array, out: Array) -> Callable[[], None] | None:
+        """One matmul with the pooling matrix, or ``None`` where the planes
+        are too large for one."""
         in_spatial, out_spatial = tuple(x.shape[2:]), tuple(out.shape[2:])
         size, positions = math.prod(in_spatial), math.prod(out_spatial)
-        if size * max(size, positions) <= POOL_MATRIX_CELLS and x.dtype.kind == "f":
-            matrix = pooling_matrix(in_spatial, out_spatial, x.dtype.str)
-            planes = x.shape[0] * x.shape[1]
-            xp.matmul(
-                x.reshape(planes, size), matrix, out=out.reshape(planes, positions)
-            )
+        if size * max(size, positions) > POOL_MATRIX_CELLS or x.dtype.kind != "f":
+            return None
+        matrix = pooling_matrix(in_spatial, out_spatial, x.dtype.str)
+        planes = x.shape[0] * x.shape[1]
+        return functools.partial(
+            xp.matmul,
+            x.reshape(planes, size),
+            matrix,
+            out=out.reshape(planes, positions),
+        )
+
+    def scale(x: Array, out: Array) -> Array | float:
+        """What the window sums are multiplied by."""
+        inverse = inverse_counts(tuple(x.shape[2:]), tuple(out.shape[2:]))
+        if inverse is None:
+            return 1 / math.prod(geometry.kernel)
+        return inverse.astype(x.dtype)
+
+    def avg_pool(x: Array, out: Array) -> None:
+        matmul = by_matrix(x, out)
+        if matmul is not None:
+            matmul()
             return
-        begin, _, reach = geometry.padding(in_spatial, out_spatial)
+        begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
         padded = pad_spatial(xp, x, begin, reach, 0)
         reduce_windows(xp, padded, geometry, xp.add, out)
-        inverse = inverse_counts(in_spatial, out_spatial)
-        if inverse is None:
-            xp.multiply(out, 1 / math.prod(geometry.kernel), out)
-        else:
-            xp.multiply(out, inverse.astype(x.dtype), out)
+        xp.multiply(out, scale(x, out), out)
 
-    return avg_pool
+    def bind(x: Array, out: Array) -> Callable[[], None]:
+        matmul = by_matrix(x, out)
+        if matmul is not None:
+            return matmul
+        begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
+        if not _fits(x, begin, reach):
+            return functools.partial(avg_pool, x, out)
+        padded, refresh = bind_padded(xp, x, begin, reach, 0)
+        fold = bind_reduce_windows(xp, padded, geometry, xp.add, out, refresh)
+        factor = scale(x, out)
+        multiply = xp.multiply
+
+        def pool() -> None:
+            fold()
+            multiply(out, factor, out)
+
+        return pool
+
+    return Bindable(avg_pool, bind)
 
 
 def _global(reduce: str) -> Callable[[ModuleType, Attrs], Kernel]:
     def make(xp: ModuleType, attrs: Attrs) -> Kernel:
         func = getattr(xp, reduce)
 
-        def global_pool(x: Array, out: Array) -> None:
+        def bind(x: Array, out: Array) -> Callable[[], None]:
             size = math.prod(x.shape[2:])
             if reduce == "mean" and size and x.dtype.kind == "f" and x.itemsize >= 4:
                 # Each plane's mean as one matrix-vector product (BLAS):
                 # numpy's mean over several axes costs several microseconds
                 # more a call, the whole of a small model's pooling.
                 planes = x.shape[0] * x.shape[1]
-                weights = _means(xp, size, x.dtype)
-                xp.matmul(x.reshape(planes, size), weights, out=out.reshape(planes))
-                return
-            func(x, axis=tuple(range(2, x.ndim)), keepdims=True, out=out)
+                return functools.partial(
+                    xp.matmul,
+                    x.reshape(planes, size),
+                    _means(xp, size, x.dtype),
+                    out=out.reshape(planes),
+                )
+            return functools.partial(
+                func, x, axis=tuple(range(2, x.ndim)), keepdims=True, out=out
+            )
 
-        return global_pool
+        def global_pool(x: Array, out: Array) -> None:
+            bind(x, out)()
+
+        return Bindable(global_pool, bind)
 
     return make
 
@@ -406,7 +471,49 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
         if extra >= 2:
             stats[1][...] = inv
 
-    return layer_norm
+    def bind(x: Array, scale: Array, *rest: Array) -> Callable[[], None]:
+        """The fast path's calls on these arrays, with the row statistics'
+        buffers made once (bit for bit the call's results)."""
+        bias = rest[0] if has_bias else None
+        y, *stats = rest[1:] if has_bias else rest
+        if not (
+            y.dtype == x.dtype
+            and (stash_type is None or stash_type == x.dtype)
+            and x.dtype.itemsize >= 4
+            and vecdot is not None
+            and x.size
+        ):
+            return functools.partial(layer_norm, x, scale, *rest)
+        width = math.prod(x.shape[axis % x.ndim :])
+        flat, centred = x.reshape(-1, width), y.reshape(-1, width)
+        mean = xp.empty(flat.shape[0], dtype=x.dtype)
+        inv = xp.empty(flat.shape[0], dtype=x.dtype)
+        means, column = _means(xp, width, x.dtype), inv.reshape(-1, 1)
+        kept = [
+            (value, target.reshape(-1))
+            for value, target in zip((mean, inv), stats[:extra], strict=False)
+        ]
+        matmul, subtract, multiply = xp.matmul, xp.subtract, xp.multiply
+        add, sqrt, reciprocal, copyto = xp.add, xp.sqrt, xp.reciprocal, xp.copyto
+
+        def normalise() -> None:
+            matmul(flat, means, out=mean)
+            subtract(flat, mean.reshape(-1, 1), centred)
+            vecdot(centred, centred, out=inv)
+            multiply(inv, 1 / width, inv)
+            add(inv, epsilon, inv)
+            sqrt(inv, inv)
+            reciprocal(inv, inv)
+            multiply(centred, column, centred)
+            multiply(y, scale, y)
+            if bias is not None:
+                add(y, bias, y)
+            for value, target in kept:
+                copyto(target, value)
+
+        return normalise
+
+    return Bindable(layer_norm, bind)
 
 
 @define("lrn")

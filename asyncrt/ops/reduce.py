@@ -7,6 +7,7 @@ identity, as ONNX defines (``-inf`` for max, ``0`` for a sum, ...).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from types import ModuleType
@@ -14,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .._ops import softmax_last_axis
+from .._kernels import Bindable
+from .._ops import bind_softmax_last_axis, softmax_last_axis
 from ._common import Array, choice, flag, integer, ints, opt_ints, quiet
 from ._registry import Attrs, define
 
@@ -103,14 +105,17 @@ def _softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
     axes = ints(attrs, "axes")
     log = flag(attrs, "log")
 
-    def softmax(a: Array, out: Array) -> None:
-        if (
+    def by_rows(a: Array) -> bool:
+        return bool(
             xp is np
             and not log
             and tuple(axes) == (a.ndim - 1,)
             and a.dtype in (np.float32, np.float64)
             and a.size
-        ):
+        )
+
+    def softmax(a: Array, out: Array) -> None:
+        if by_rows(a):
             softmax_last_axis(a, out)
             return
         with quiet(xp):
@@ -121,7 +126,12 @@ def _softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
                 xp.exp(out, out)
                 xp.divide(out, out.sum(axis=axes, keepdims=True), out)
 
-    return softmax
+    def bind(a: Array, out: Array) -> Callable[[], None]:
+        if by_rows(a):
+            return bind_softmax_last_axis(a, out)
+        return functools.partial(softmax, a, out)
+
+    return Bindable(softmax, bind)
 
 
 @define("hardmax")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from asyncrt import Bindable
-from asyncrt.ops import _im2col
+from asyncrt.ops import _common, _im2col
 from asyncrt.ops._registry import lookup
 
 
@@ -119,7 +119,7 @@ def test_a_bound_conv_computes_what_the_call_does(
     """``kernel.bind(*arrays)()`` (views and scratch made once; with no room
     for scratch, the plain call) gives the plain call's bits, run after run
     on new values in the same arrays (the padding stays zero)."""
-    monkeypatch.setattr(_im2col, "BOUND_SCRATCH_BYTES", scratch_bytes)
+    monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", scratch_bytes)
     rank = len(xs) - 2
     attrs = {
         "kernel_shape": list(ws[2:]),

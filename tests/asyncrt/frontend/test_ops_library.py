@@ -244,3 +244,134 @@ def test_builtin_softmax_matches_the_definition(peak: float) -> None:
         e = np.exp(wide - wide.max(axis=-1, keepdims=True))
         want = e / e.sum(axis=-1, keepdims=True)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-7)
+
+
+# -- kernels bound to their arrays (asyncrt.Bindable) ---------------------------
+
+_POOL = {"strides": [2, 2], "dilations": [1, 1], "auto_pad": "NOTSET"}
+BOUND = [
+    # (op, attrs, input shapes, output shape, scratch bytes)
+    (
+        "max_pool",
+        {
+            **_POOL,
+            "kernel_shape": [3, 3],
+            "pads": [1, 1, 1, 1],
+            "indices": False,
+            "storage_order": 0,
+        },
+        [(2, 3, 9, 8)],
+        (2, 3, 5, 4),
+    ),
+    (
+        "max_pool",
+        {
+            **_POOL,
+            "kernel_shape": [2, 2],
+            "pads": None,
+            "indices": False,
+            "storage_order": 0,
+        },
+        [(2, 3, 8, 8)],
+        (2, 3, 4, 4),
+    ),
+    (
+        "avg_pool",
+        {
+            **_POOL,
+            "kernel_shape": [3, 3],
+            "pads": [1, 1, 1, 1],
+            "count_include_pad": False,
+        },
+        [(2, 3, 9, 8)],
+        (2, 3, 5, 4),
+    ),
+    (
+        "avg_pool",
+        {
+            **_POOL,
+            "kernel_shape": [3, 3],
+            "pads": [1, 1, 1, 1],
+            "count_include_pad": True,
+        },
+        [(1, 2, 40, 40)],
+        (1, 2, 20, 20),
+    ),
+    ("global_avg_pool", {}, [(2, 5, 4, 3)], (2, 5, 1, 1)),
+    ("global_max_pool", {}, [(2, 5, 4, 3)], (2, 5, 1, 1)),
+    ("softmax", {"axes": [2], "log": False}, [(2, 3, 7)], (2, 3, 7)),
+    ("softmax", {"axes": [1], "log": False}, [(2, 3, 7)], (2, 3, 7)),
+    (
+        "layer_norm",
+        {"axis": -1, "epsilon": 1e-5, "bias": True, "stats": 2},
+        [(2, 3, 8), (8,), (8,)],
+        (2, 3, 8),
+    ),
+    (
+        "layer_norm",
+        {"axis": 1, "epsilon": 1e-3, "bias": False, "stats": 0},
+        [(2, 3, 8), (3, 8)],
+        (2, 3, 8),
+    ),
+]
+
+
+@pytest.mark.parametrize("scratch_bytes", [1 << 20, 0])
+@pytest.mark.parametrize(("op", "attrs", "shapes", "out_shape"), BOUND)
+def test_a_bound_kernel_computes_what_the_call_does(
+    monkeypatch: pytest.MonkeyPatch,
+    scratch_bytes: int,
+    op: str,
+    attrs: dict[str, object],
+    shapes: list[tuple[int, ...]],
+    out_shape: tuple[int, ...],
+) -> None:
+    """``kernel.bind(*arrays)()`` gives the call's bits, run after run on
+    new values in the same arrays (pads filled once stay filled); also with
+    no room for scratch (the plain call, bound)."""
+    monkeypatch.setattr(ops._common, "BOUND_SCRATCH_BYTES", scratch_bytes)
+    kernel = ops._registry.lookup(op).make(np, attrs)
+    assert isinstance(kernel, asyncrt.Bindable)
+    rng = np.random.default_rng(len(shapes))
+    inputs = [np.zeros(s, np.float32) for s in shapes]
+    outs = [np.zeros(out_shape, np.float32)]
+    if op == "layer_norm" and attrs["stats"]:
+        outs += [np.zeros((2, 3, 1), np.float32) for _ in range(2)]
+    bound = kernel.bind(*inputs, *outs)
+    for scale in (1.0, 100.0, 1.0):  # 100: softmax shifts its rows
+        for array in inputs:
+            array[...] = scale * rng.standard_normal(array.shape)
+        want = [np.full_like(o, np.nan) for o in outs]
+        kernel(*inputs, *want)
+        for o in outs:
+            o[...] = np.nan
+        bound()
+        for got, expected in zip(outs, want, strict=True):
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_the_executor_binds_library_kernels_once_per_context() -> None:
+    """A graph of bindable kernels runs them bound (the program's calls take
+    no arguments) and gives the unbound kernels' results."""
+    attrs = ops.encode_attrs(BOUND[0][1])
+    b = GraphBuilder()
+    x = b.input("x", shape=(2, 3, 9, 8), dtype="float32")
+    pooled = b.op(
+        ops.kernel_name("max_pool", attrs),
+        x,
+        shape=(2, 3, 5, 4),
+        dtype="float32",
+        attrs={ops.OP_NAME_ATTR: "max_pool", ops.OP_ATTRS_ATTR: attrs},
+    )
+    b.output(pooled)
+    graph = b.build()
+    x_value = np.random.default_rng(3).standard_normal((2, 3, 9, 8)).astype(np.float32)
+    want = np.full((2, 3, 5, 4), np.nan, np.float32)
+    ops._registry.lookup("max_pool").make(np, BOUND[0][1])(x_value, want)
+    with asyncrt.build(graph).create() as ex:
+        for _ in range(2):
+            (got,) = ex.run_sync(x=x_value) or []
+            np.testing.assert_array_equal(got.numpy(), want)
+        calls = [c for batch in ex._own_context().program._actions for c in batch.calls]
+    (launch,) = [(fn, args) for fn, args, work in calls if work > 0]
+    assert launch[1] == () and not isinstance(launch[0], asyncrt.Bindable)
