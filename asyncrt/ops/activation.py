@@ -8,6 +8,7 @@ so that passes which recognise elementwise kernels by name see them.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from types import ModuleType
 
 import numpy as np
 
+from .._kernels import Bindable
 from .._ops import SCIPY_SMALL_FLOAT32, make_erf
 from ._common import Array, choice, flag, number, quiet
 from ._registry import Attrs, define
@@ -112,13 +114,16 @@ def _gelu(xp: ModuleType, attrs: Attrs) -> Kernel:
     tanh = choice(attrs, "approximate", ("none", "tanh")) == "tanh"
     erf = make_erf(xp)
 
-    def gelu(a: Array, out: Array) -> None:
-        if (
+    def by_ndtr(a: Array) -> bool:
+        return bool(
             not tanh
             and xp is np
             and a.size <= SCIPY_SMALL_FLOAT32
             and a.dtype in _NDTR_TYPES
-        ):
+        )
+
+    def gelu(a: Array, out: Array) -> None:
+        if by_ndtr(a):
             # x Phi(x), Phi the normal CDF, in two calls (see make_erf)
             importlib.import_module("scipy.special").ndtr(a, out)
             xp.multiply(out, a, out)
@@ -139,7 +144,18 @@ def _gelu(xp: ModuleType, attrs: Attrs) -> Kernel:
         xp.multiply(out, a, out)
         xp.multiply(out, 0.5, out)
 
-    return gelu
+    def bind(a: Array, out: Array) -> Callable[[], None]:
+        if not by_ndtr(a):
+            return functools.partial(gelu, a, out)
+        ndtr, multiply = importlib.import_module("scipy.special").ndtr, xp.multiply
+
+        def small() -> None:
+            ndtr(a, out)
+            multiply(out, a, out)
+
+        return small
+
+    return Bindable(gelu, bind)
 
 
 @define("clip")

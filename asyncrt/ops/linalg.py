@@ -8,6 +8,7 @@ from types import ModuleType
 
 from scheduler.dag import TensorSpec
 
+from .._kernels import Bindable
 from ._common import Array, flag, number
 from ._registry import Attrs, define
 
@@ -30,16 +31,23 @@ def _gemm(xp: ModuleType, attrs: Attrs) -> Kernel:
     trans_a, trans_b = flag(attrs, "trans_a"), flag(attrs, "trans_b")
     has_c = flag(attrs, "bias")
 
-    def gemm(a: Array, b: Array, *rest: Array) -> None:
+    def bind(a: Array, b: Array, *rest: Array) -> Callable[[], None]:
         out = rest[-1]
-        xp.matmul(a.T if trans_a else a, b.T if trans_b else b, out=out)
-        if alpha != 1:
-            xp.multiply(out, alpha, out, casting="unsafe")
-        if has_c:
-            c = rest[0]
-            if beta == 1:
-                xp.add(out, c, out, casting="unsafe")
-            elif beta != 0:
-                xp.add(out, beta * c, out, casting="unsafe")
+        left, right = a.T if trans_a else a, b.T if trans_b else b
+        c = rest[0] if has_c and beta != 0 else None
+        matmul, multiply, add = xp.matmul, xp.multiply, xp.add
 
-    return gemm
+        def product() -> None:
+            matmul(left, right, out=out)
+            if alpha != 1:
+                multiply(out, alpha, out, casting="unsafe")
+            if c is not None:
+                # beta * c each call: c may be an input that changes
+                add(out, c if beta == 1 else beta * c, out, casting="unsafe")
+
+        return product
+
+    def gemm(a: Array, b: Array, *rest: Array) -> None:
+        bind(a, b, *rest)()
+
+    return Bindable(gemm, bind)

@@ -9,9 +9,11 @@ a static shape the planner can place.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from types import ModuleType
 
+from .._kernels import Bindable
 from ._common import Array, choice, flag, integer, ints, number, quiet
 from ._registry import Attrs, define
 
@@ -28,10 +30,13 @@ def _copy_into(xp: ModuleType, out: Array, value: Array) -> None:
 def _transpose(xp: ModuleType, attrs: Attrs) -> Kernel:
     perm = ints(attrs, "perm")
 
-    def transpose(a: Array, out: Array) -> None:
-        xp.copyto(out, a.transpose(perm))
+    def bind(a: Array, out: Array) -> Callable[[], None]:
+        return functools.partial(xp.copyto, out, a.transpose(perm))
 
-    return transpose
+    def transpose(a: Array, out: Array) -> None:
+        bind(a, out)()
+
+    return Bindable(transpose, bind)
 
 
 @define("concat")
@@ -49,16 +54,27 @@ def _concat(xp: ModuleType, attrs: Attrs) -> Kernel:
 def _split(xp: ModuleType, attrs: Attrs) -> Kernel:
     axis = integer(attrs, "axis")
 
-    def split(a: Array, *outs: Array) -> None:
-        start = 0
+    def bind(a: Array, *outs: Array) -> Callable[[], None]:
+        """One copy per output, from its view of ``a`` (made here)."""
+        pairs, start = [], 0
         index = [slice(None)] * a.ndim
         for out in outs:
             stop = start + out.shape[axis]
             index[axis] = slice(start, stop)
-            xp.copyto(out, a[tuple(index)])
+            pairs.append((out, a[tuple(index)]))
             start = stop
+        copyto = xp.copyto
 
-    return split
+        def copy_parts() -> None:
+            for out, part in pairs:
+                copyto(out, part)
+
+        return copy_parts
+
+    def split(a: Array, *outs: Array) -> None:
+        bind(a, *outs)()
+
+    return Bindable(split, bind)
 
 
 @define("slice")

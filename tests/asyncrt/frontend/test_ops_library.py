@@ -313,6 +313,23 @@ BOUND = [
         [(2, 3, 8), (3, 8)],
         (2, 3, 8),
     ),
+    ("transpose", {"perm": [2, 0, 1]}, [(2, 3, 4)], (4, 2, 3)),
+    ("split", {"axis": 1}, [(2, 7, 3)], [(2, 3, 3), (2, 4, 3)]),
+    (
+        "gemm",
+        {"alpha": 0.5, "beta": 2.0, "trans_a": True, "trans_b": False, "bias": True},
+        [(4, 3), (4, 5), (5,)],
+        (3, 5),
+    ),
+    (
+        "gemm",
+        {"alpha": 1.0, "beta": 1.0, "trans_a": False, "trans_b": True, "bias": True},
+        [(3, 4), (5, 4), (3, 5)],
+        (3, 5),
+    ),
+    ("gelu", {"approximate": "none"}, [(4, 8)], (4, 8)),
+    ("gelu", {"approximate": "none"}, [(40, 80)], (40, 80)),
+    ("gelu", {"approximate": "tanh"}, [(4, 8)], (4, 8)),
 ]
 
 
@@ -324,7 +341,7 @@ def test_a_bound_kernel_computes_what_the_call_does(
     op: str,
     attrs: dict[str, object],
     shapes: list[tuple[int, ...]],
-    out_shape: tuple[int, ...],
+    out_shape: tuple[int, ...] | list[tuple[int, ...]],
 ) -> None:
     """``kernel.bind(*arrays)()`` gives the call's bits, run after run on
     new values in the same arrays (pads filled once stay filled); also with
@@ -334,7 +351,8 @@ def test_a_bound_kernel_computes_what_the_call_does(
     assert isinstance(kernel, asyncrt.Bindable)
     rng = np.random.default_rng(len(shapes))
     inputs = [np.zeros(s, np.float32) for s in shapes]
-    outs = [np.zeros(out_shape, np.float32)]
+    shapes_out = out_shape if isinstance(out_shape, list) else [out_shape]
+    outs = [np.zeros(shape, np.float32) for shape in shapes_out]
     if op == "layer_norm" and attrs["stats"]:
         outs += [np.zeros((2, 3, 1), np.float32) for _ in range(2)]
     bound = kernel.bind(*inputs, *outs)
