@@ -117,6 +117,33 @@ def _windows(xp: ModuleType, flat: Array, layout: _Layout) -> Array:
     return view
 
 
+def _setup(
+    x: Array,
+    w: Array,
+    bias: Array | None,
+    out: Array,
+    group: int,
+    begin: tuple[int, ...],
+    dilations: tuple[int, ...],
+) -> tuple[_Layout, Array, Array | None]:
+    """The layout, the weights as ``(group, M / group, K)`` and the bias as
+    ``(1, M, 1, ...)`` (``None`` without one)."""
+    out_spatial = out.shape[2:]
+    layout = _layout(
+        x.shape,
+        w.shape,
+        out_spatial,
+        tuple(begin),
+        tuple(dilations),
+        x.itemsize,
+        CHUNK_BYTES,
+    )
+    m = w.shape[0]
+    weights = w.reshape(group, m // group, -1)
+    bias_view = None if bias is None else bias.reshape(1, m, *(1,) * len(out_spatial))
+    return layout, weights, bias_view
+
+
 def conv_stride1(
     xp: ModuleType,
     x: Array,
@@ -139,29 +166,17 @@ def conv_stride1(
     :param begin: the pads before each spatial axis (the pads after follow
         from the shapes).
     """
-    n, c = x.shape[:2]
-    m, cg = w.shape[:2]
-    out_spatial = out.shape[2:]
-    layout = _layout(
-        x.shape,
-        w.shape,
-        out_spatial,
-        tuple(begin),
-        tuple(dilations),
-        x.itemsize,
-        CHUNK_BYTES,
+    whole = bind_stride1(
+        xp, x, w, bias, out, group, begin, dilations, relu=relu, limit=math.inf
     )
-    length, mg = layout.length, m // group
-    weights = w.reshape(group, mg, -1)
-    bias_view = None if bias is None else bias.reshape(1, m, *(1,) * len(out_spatial))
-    if layout.direct:
-        cols = x.reshape(n, group, cg, length)
-        xp.matmul(weights, cols, out=out.reshape(n, group, mg, length))
-        if bias_view is not None:
-            xp.add(out, bias_view, out)
-        if relu:
-            xp.maximum(out, 0, out=out)
+    if whole is not None:  # the batch in one chunk: the bound call, made now
+        whole()
         return
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    out_spatial = out.shape[2:]
+    layout, weights, bias_view = _setup(x, w, bias, out, group, begin, dilations)
+    length, mg = layout.length, m // group
     chunk = layout.chunk
     flat = xp.zeros((chunk, c, layout.row), dtype=x.dtype)
     grid = flat[:, :, : layout.plane].reshape(chunk, c, *layout.padded)
@@ -196,25 +211,17 @@ def bind_stride1(
     dilations: tuple[int, ...],
     *,
     relu: bool = False,
+    limit: float | None = None,
 ) -> Callable[[], None] | None:
     """:func:`conv_stride1` on these arrays, every time: a call without
-    arguments, or ``None`` where its scratch would not fit in
-    ``BOUND_SCRATCH_BYTES`` (the whole batch in one chunk)."""
+    arguments, or ``None`` where the batch takes several chunks or the
+    scratch would not fit in ``limit`` bytes (default
+    ``BOUND_SCRATCH_BYTES``)."""
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
     out_spatial = out.shape[2:]
-    layout = _layout(
-        x.shape,
-        w.shape,
-        out_spatial,
-        tuple(begin),
-        tuple(dilations),
-        x.itemsize,
-        CHUNK_BYTES,
-    )
+    layout, weights, bias_view = _setup(x, w, bias, out, group, begin, dilations)
     length, mg = layout.length, m // group
-    weights = w.reshape(group, mg, -1)
-    bias_view = None if bias is None else bias.reshape(1, m, *(1,) * len(out_spatial))
     copyto, matmul, add, maximum = xp.copyto, xp.matmul, xp.add, xp.maximum
     if layout.direct:
         cols = x.reshape(n, group, cg, length)
@@ -230,7 +237,9 @@ def bind_stride1(
         return direct
     scratch = x.itemsize * n * (c * layout.row + c * math.prod(layout.taps) * length)
     scratch += x.itemsize * n * m * length
-    if layout.chunk < n or scratch > _common.BOUND_SCRATCH_BYTES:
+    if limit is None:
+        limit = _common.BOUND_SCRATCH_BYTES
+    if layout.chunk < n or scratch > limit:
         return None
     # The padded planes' borders stay zero: only their interior is written.
     flat = xp.zeros((n, c, layout.row), dtype=x.dtype)

@@ -66,6 +66,21 @@ CASES = [
 ]
 
 
+def _stride1_attrs(
+    ws: tuple[int, ...], group: int, pads: list[int], dil: list[int], bias: bool
+) -> dict[str, object]:
+    """The conv op's attributes for a case (strides of 1)."""
+    return {
+        "kernel_shape": list(ws[2:]),
+        "strides": [1] * (len(ws) - 2),
+        "dilations": dil,
+        "pads": pads,
+        "auto_pad": "NOTSET",
+        "group": group,
+        "bias": bias,
+    }
+
+
 @pytest.mark.parametrize("chunk_bytes", [1 << 23, 1])
 @pytest.mark.parametrize(("xs", "ws", "group", "pads", "dil", "bias"), CASES)
 def test_stride1_conv_matches_reference(
@@ -83,19 +98,7 @@ def test_stride1_conv_matches_reference(
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
     b = rng.standard_normal(ws[0]).astype(np.float32) if bias else None
-    rank = len(xs) - 2
-    kernel = lookup("conv").make(
-        np,
-        {
-            "kernel_shape": list(ws[2:]),
-            "strides": [1] * rank,
-            "dilations": dil,
-            "pads": pads,
-            "auto_pad": "NOTSET",
-            "group": group,
-            "bias": bias,
-        },
-    )
+    kernel = lookup("conv").make(np, _stride1_attrs(ws, group, pads, dil, bias))
     want = _reference(x, w, b, group, pads, dil)
     out = np.full(want.shape, np.nan, np.float32)
     kernel(x, w, *([b] if b is not None else []), out)
@@ -120,16 +123,7 @@ def test_a_bound_conv_computes_what_the_call_does(
     for scratch, the plain call) gives the plain call's bits, run after run
     on new values in the same arrays (the padding stays zero)."""
     monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", scratch_bytes)
-    rank = len(xs) - 2
-    attrs = {
-        "kernel_shape": list(ws[2:]),
-        "strides": [1] * rank,
-        "dilations": dil,
-        "pads": pads,
-        "auto_pad": "NOTSET",
-        "group": group,
-        "bias": bias,
-    }
+    attrs = _stride1_attrs(ws, group, pads, dil, bias)
     if relu:
         attrs["activation"] = "relu"
     kernel = lookup("conv").make(np, attrs)
