@@ -189,6 +189,8 @@ def test_onnx_model(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     pytest.importorskip("asyncrt.frontend")
     from onnx import TensorProto, helper
 
+    from .frontend.models import model_of
+
     node = helper.make_node("Relu", ["x"], ["y"])
     graph = helper.make_graph(
         [node],
@@ -196,7 +198,7 @@ def test_onnx_model(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = model_of(graph, 17)
     path = tmp_path / "relu.onnx"
     onnx.save(model, str(path))
     code, out, err = run_main(capsys, "run", str(path), "--device", "cpu", "--json")

@@ -8,7 +8,20 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ("encoder_block", "small_cnn")
+__all__ = ("encoder_block", "model_of", "small_cnn")
+
+
+def model_of(graph: onnx.GraphProto, opset: int) -> onnx.ModelProto:
+    """``graph`` as a model of the default domain's ``opset``, at the oldest
+    IR version that opset allows. ``helper.make_model`` writes onnx's newest
+    IR version, which an ONNX Runtime older than that onnx refuses (ORT 1.30
+    reads IR 13 at most; onnx 1.23 writes 14)."""
+    opsets = [helper.make_opsetid("", opset)]
+    return helper.make_model(
+        graph,
+        opset_imports=opsets,
+        ir_version=helper.find_min_ir_version_for(opsets),
+    )
 
 
 def _init(
@@ -109,7 +122,7 @@ def small_cnn(batch: int = 2, opset: int = 17) -> onnx.ModelProto:
         [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, 10])],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = model_of(graph, opset)
     onnx.checker.check_model(model)
     return model
 
@@ -208,6 +221,6 @@ def encoder_block(
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, dim])],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = model_of(graph, opset)
     onnx.checker.check_model(model)
     return model

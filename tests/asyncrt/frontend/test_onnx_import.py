@@ -14,7 +14,7 @@ import asyncrt
 from asyncrt.errors import GraphError, UnsupportedOpError
 from asyncrt.frontend import SUPPORTED_OPS, from_onnx, static_inputs
 
-from .models import small_cnn
+from .models import model_of, small_cnn
 
 
 def _model(
@@ -27,7 +27,7 @@ def _model(
     graph = helper.make_graph(
         nodes, "g", inputs, [_output(o) for o in outputs], list(inits)
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return model_of(graph, opset)
 
 
 def _output(name: str) -> onnx.ValueInfoProto:
@@ -202,7 +202,7 @@ def test_constant_outputs_and_input_passthrough() -> None:
         [_input("x", [2, 5])],
         [_output("y"), helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
     )
-    model = helper.make_model(graph_, opset_imports=[helper.make_opsetid("", 17)])
+    model = model_of(graph_, 17)
     graph, params = from_onnx(model)
     x = np.ones((2, 5), np.float32)
     with asyncrt.build(graph, params).create() as executor:

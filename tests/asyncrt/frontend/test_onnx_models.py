@@ -23,7 +23,7 @@ from scheduler.cost import CostModel
 from scheduler.dag import node_spec
 from scheduler.placement import Placement, evaluate
 
-from .models import encoder_block, small_cnn
+from .models import encoder_block, model_of, small_cnn
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -126,9 +126,7 @@ def test_conv_variants_match_onnxruntime(attrs: dict[str, object]) -> None:
             onnx.numpy_helper.from_array(bias, "b"),
         ],
     )
-    model = onnx.helper.make_model(
-        graph, opset_imports=[onnx.helper.make_opsetid("", 17)]
-    )
+    model = model_of(graph, 17)
     x = rng.standard_normal((2, 8, 9, 11)).astype(np.float32)
     graph_, params = from_onnx(model)
     with asyncrt.build(graph_, params).create() as executor:

@@ -12,7 +12,7 @@ import asyncrt
 from asyncrt.frontend import from_onnx
 from asyncrt.frontend._rewrite import rewrite
 
-from .models import small_cnn
+from .models import model_of, small_cnn
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -72,7 +72,7 @@ def _conv_model(
         ],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = model_of(graph, 17)
     onnx.checker.check_model(model)
     return model
 
@@ -222,7 +222,7 @@ def _projections(opset: int, product_is_output: bool = False) -> onnx.ModelProto
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["d"]) for o in outputs],
         inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return model_of(graph, opset)
 
 
 def _feeds() -> dict[str, np.ndarray]:
