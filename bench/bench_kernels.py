@@ -137,19 +137,25 @@ def child(wl_name: str, variant: str, a: argparse.Namespace) -> None:
 
 def profile(ex: Any, feed: dict[str, Any], repeats: int = 20) -> list[dict[str, Any]]:
     """Each launch's kernel time, run alone in plan order (median of
-    ``repeats``), on the executor's own context."""
+    ``repeats``), on the executor's own context: the calls its program
+    makes (kernels bound to their arrays where they bind)."""
     ex.set_input(**feed)
     ex.run_sync()  # every tensor written once
-    context = ex._own_context()
-    arrays = context.program.arrays
+    program = ex._own_context().program
+    calls = [
+        (launch, fn, args)
+        for action in program._actions
+        for (fn, args, _), launch in zip(
+            getattr(action, "calls", ()), getattr(action, "launches", ()), strict=True
+        )
+        if launch is not None  # not a cancellation check
+    ]
     rows = []
-    for launch in ex.plan.launches():
-        kernel = ex._kernels[launch.nid]
-        args = [arrays[e].backend_array() for e in launch.args]
+    for launch, fn, args in calls:
         samples = []
         for _ in range(repeats):
             t = time.perf_counter()
-            kernel(*args)
+            fn(*args)
             samples.append(time.perf_counter() - t)
         samples.sort()
         rows.append(
