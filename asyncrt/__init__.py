@@ -52,6 +52,7 @@ def __getattr__(name: str) -> object:
 __all__ = (
     "AsyncrtError",
     "BenchmarkResult",
+    "Bindable",
     "Device",
     "Event",
     "GraphExecutorFactory",
