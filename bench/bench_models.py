@@ -22,7 +22,12 @@ Runners:
 * ``asyncrt-cuda`` / ``asyncrt-cuda-fused``: the same on ``cuda:0`` (cupy
   kernels; fused chains as ``cupy.ElementwiseKernel``), outputs copied back
   to host arrays inside the timed call, as ONNX Runtime returns them;
-* ``ort-cuda``: ONNX Runtime's CUDA provider, where its build has one.
+* ``ort-cuda``: ONNX Runtime's CUDA provider, where its build has one;
+* ``tvm`` / ``tvm-fused``: TVM Relax as ``../shared/bench/peers.py`` runs
+  it (``from_onnx``, ``DecomposeOpsForInference``, ``tvm.compile`` for
+  ``llvm`` without or with the default pipeline's fusion, the VM), in the
+  peers' interpreter (``--peer-py`` or ``$PEER_PY``, made by
+  ``../shared/bench/setup_peers.sh``); skipped without one.
 
 The GPU runners and the ``enc-b16`` model (the encoder at batch 16, sequence
 128, width 256) are not in the defaults: they need cupy and a GPU.
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,6 +64,8 @@ RUNNERS = (
     "asyncrt",
     "asyncrt-fused",
 )
+#: Run in the peers' interpreter, and by default only where there is one.
+TVM_RUNNERS = ("tvm", "tvm-fused")
 MODELS = ("cnn", "cnn-b32", "enc", "enc-s128")
 
 
@@ -105,6 +113,30 @@ def _ort_session(model: Any, runner: str) -> Any:
     )
 
 
+def _tvm_runner(model: Any, feed: dict[str, Any], fused: bool) -> Any:
+    """TVM Relax compiled for llvm, as the shared peers harness builds it:
+    numpy in, numpy out."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
+
+    mod = relax.transform.DecomposeOpsForInference()(tvm_from_onnx(model))
+    target = tvm.target.Target("llvm")
+    pipeline = {"relax_pipeline": relax.get_default_pipeline(target)} if fused else {}
+    main = relax.VirtualMachine(tvm.compile(mod, target=target, **pipeline), tvm.cpu())[
+        "main"
+    ]
+    device = tvm.cpu()
+
+    def fn() -> list[Any]:
+        out = main(*[tvm.runtime.tensor(value, device) for value in feed.values()])
+        if isinstance(out, tvm.runtime.Tensor):
+            return [out.numpy()]
+        return [o.numpy() for o in out]
+
+    return fn
+
+
 def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
     import numpy as np
 
@@ -117,6 +149,8 @@ def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
         def fn() -> list[Any]:
             return list(sess.run(None, feed))
 
+    elif runner.startswith("tvm"):
+        fn = _tvm_runner(model, feed, fused=runner == "tvm-fused")
     else:
         from asyncrt import graph_executor
         from asyncrt.frontend import from_onnx
@@ -165,7 +199,7 @@ def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
         "correct": rel_err <= 1e-4,
         "nodes": len(model.graph.node),
     }
-    if a.profile and not runner.startswith("ort"):
+    if a.profile and runner.startswith("asyncrt"):
         from bench_kernels import profile
 
         res["profile"] = profile(ex, feed)
@@ -174,8 +208,11 @@ def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
 
 
 def run_pair(model: str, runner: str, a: argparse.Namespace) -> dict[str, Any]:
+    python = a.peer_py if runner.startswith("tvm") else sys.executable
+    if not python:
+        return {"model": model, "runner": runner, "ok": False, "error": "no --peer-py"}
     cmd = [
-        sys.executable,
+        python,
         __file__,
         "--child",
         model,
@@ -216,7 +253,7 @@ def table(best: dict[tuple[str, str], dict[str, Any]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--runners", default=",".join(RUNNERS))
+    ap.add_argument("--runners", help="default: all, tvm ones with --peer-py")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--min-runs", type=int, default=20)
     ap.add_argument("--min-time", type=float, default=0.5)
@@ -225,10 +262,17 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "RUNNER"))
+    ap.add_argument(
+        "--peer-py",
+        default=os.environ.get("PEER_PY"),
+        help="the peers' python, for the tvm runners (default: $PEER_PY)",
+    )
     a = ap.parse_args()
     if a.child:
         child(a.child[0], a.child[1], a)
         return
+    if a.runners is None:
+        a.runners = ",".join(RUNNERS + (TVM_RUNNERS if a.peer_py else ()))
     best: dict[tuple[str, str], dict[str, Any]] = {}
     results = []
     for _ in range(a.rounds):
