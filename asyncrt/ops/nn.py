@@ -416,46 +416,78 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
     stash_type = None if stash is None else np.dtype(stash)
     vecdot = getattr(xp, "vecdot", None)
 
-    def rows(x: Array, y: Array, width: int) -> tuple[Array, Array]:
-        """Mean and 1 / std of each row of ``x`` (viewed ``(rows, width)``);
-        ``y`` (same dtype) is left holding ``x - mean``. Two reductions and
-        one subtraction, no full-size temporary. The row means are one
-        matrix-vector product with ``1 / width`` (BLAS; numpy's
-        ``add.reduce`` over short rows costs more), the squares' sums one
-        ``vecdot`` (numpy >= 2; 2.5-3x ``einsum``, which older numpy and
-        cupy use)."""
+    def fast(x: Array, scale: Array, *rest: Array) -> Callable[[], None] | None:
+        """Layer norm on these arrays in place, as one call without
+        arguments (the row statistics' buffers made here), or ``None`` where
+        a stash dtype other than ``x``'s needs the general path.
+
+        Per row: the mean is one matrix-vector product with ``1 / width``
+        (BLAS; numpy's ``add.reduce`` over short rows costs more), ``y``
+        holds ``x - mean``, and the squares' sum is one ``vecdot`` (numpy
+        >= 2; 2.5-3x ``einsum``, which older numpy and cupy use). Two
+        reductions and one subtraction, no full-size temporary.
+        """
+        bias = rest[0] if has_bias else None
+        y, *stats = rest[1:] if has_bias else rest
+        width = math.prod(x.shape[axis % x.ndim :])
+        if (
+            y.dtype != x.dtype
+            or not (stash_type is None or stash_type == x.dtype)
+            or not width
+        ):
+            return None
         flat, centred = x.reshape(-1, width), y.reshape(-1, width)
-        if x.dtype.itemsize >= 4:
-            mean = xp.matmul(flat, _means(xp, width, x.dtype)).reshape(-1, 1)
-        else:  # half precision: numpy's pairwise sum, not a half-precision dot
-            mean = xp.add.reduce(flat, axis=1, keepdims=True)
-            mean *= 1 / width
-        xp.subtract(flat, mean, centred)
-        if vecdot is not None:
-            var = vecdot(centred, centred).reshape(-1, 1)
-        else:
-            var = xp.einsum("ij,ij->i", centred, centred).reshape(-1, 1)
-        var *= 1 / width
-        var += epsilon
-        xp.sqrt(var, var)
-        xp.reciprocal(var, var)
-        return mean, var
+        mean = xp.empty(flat.shape[0], dtype=x.dtype)
+        inv = xp.empty(flat.shape[0], dtype=x.dtype)
+        mean_column, inv_column = mean.reshape(-1, 1), inv.reshape(-1, 1)
+        kept = [
+            (value, target.reshape(-1))
+            for value, target in zip((mean, inv), stats[:extra], strict=False)
+        ]
+        matmul, subtract, multiply = xp.matmul, xp.subtract, xp.multiply
+        add, sqrt, reciprocal, copyto = xp.add, xp.sqrt, xp.reciprocal, xp.copyto
+        means = _means(xp, width, x.dtype) if x.dtype.itemsize >= 4 else None
+
+        def row_means() -> None:
+            if means is not None:
+                matmul(flat, means, out=mean)
+            else:  # half precision: numpy's pairwise sum, not a half dot
+                copyto(mean, add.reduce(flat, axis=1))
+                multiply(mean, 1 / width, mean)
+
+        def squares() -> None:
+            if vecdot is not None and xp is np:
+                vecdot(centred, centred, out=inv)
+            elif vecdot is not None:
+                copyto(inv, vecdot(centred, centred))
+            else:
+                copyto(inv, xp.einsum("ij,ij->i", centred, centred))
+
+        def normalise() -> None:
+            row_means()
+            subtract(flat, mean_column, centred)
+            squares()
+            multiply(inv, 1 / width, inv)
+            add(inv, epsilon, inv)
+            sqrt(inv, inv)
+            reciprocal(inv, inv)
+            multiply(centred, inv_column, centred)
+            multiply(y, scale, y)
+            if bias is not None:
+                add(y, bias, y)
+            for value, target in kept:
+                copyto(target, value)
+
+        return normalise
 
     def layer_norm(x: Array, scale: Array, *rest: Array) -> None:
+        bound = fast(x, scale, *rest)
+        if bound is not None:
+            bound()
+            return
         bias = rest[0] if has_bias else None
         y, *stats = rest[1:] if has_bias else rest
         start = axis % x.ndim
-        if y.dtype == x.dtype and (stash_type is None or stash_type == x.dtype):
-            mean, inv = rows(x, y, math.prod(x.shape[start:]))
-            flat = y.reshape(inv.shape[0], -1)
-            xp.multiply(flat, inv, flat)
-            xp.multiply(y, scale, y)
-            if bias is not None:
-                xp.add(y, bias, y)
-            if extra:
-                for value, target in zip((mean, inv), stats[:extra], strict=False):
-                    target[...] = value.reshape(target.shape)
-            return
         axes = tuple(range(start, x.ndim))
         work = x.astype(stash, copy=False) if stash is not None else x
         mean = work.mean(axis=axes, keepdims=True)
@@ -472,46 +504,7 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
             stats[1][...] = inv
 
     def bind(x: Array, scale: Array, *rest: Array) -> Callable[[], None]:
-        """The fast path's calls on these arrays, with the row statistics'
-        buffers made once (bit for bit the call's results)."""
-        bias = rest[0] if has_bias else None
-        y, *stats = rest[1:] if has_bias else rest
-        if not (
-            y.dtype == x.dtype
-            and (stash_type is None or stash_type == x.dtype)
-            and x.dtype.itemsize >= 4
-            and vecdot is not None
-            and x.size
-        ):
-            return functools.partial(layer_norm, x, scale, *rest)
-        width = math.prod(x.shape[axis % x.ndim :])
-        flat, centred = x.reshape(-1, width), y.reshape(-1, width)
-        mean = xp.empty(flat.shape[0], dtype=x.dtype)
-        inv = xp.empty(flat.shape[0], dtype=x.dtype)
-        means, column = _means(xp, width, x.dtype), inv.reshape(-1, 1)
-        kept = [
-            (value, target.reshape(-1))
-            for value, target in zip((mean, inv), stats[:extra], strict=False)
-        ]
-        matmul, subtract, multiply = xp.matmul, xp.subtract, xp.multiply
-        add, sqrt, reciprocal, copyto = xp.add, xp.sqrt, xp.reciprocal, xp.copyto
-
-        def normalise() -> None:
-            matmul(flat, means, out=mean)
-            subtract(flat, mean.reshape(-1, 1), centred)
-            vecdot(centred, centred, out=inv)
-            multiply(inv, 1 / width, inv)
-            add(inv, epsilon, inv)
-            sqrt(inv, inv)
-            reciprocal(inv, inv)
-            multiply(centred, column, centred)
-            multiply(y, scale, y)
-            if bias is not None:
-                add(y, bias, y)
-            for value, target in kept:
-                copyto(target, value)
-
-        return normalise
+        return fast(x, scale, *rest) or functools.partial(layer_norm, x, scale, *rest)
 
     return Bindable(layer_norm, bind)
 
