@@ -184,10 +184,7 @@ def reduce_windows(
     6-D strided view, which numpy runs element by element (10-20x slower
     on the test CNN's pools).
     """
-    first, *rest = _window_slices(geometry, tuple(out.shape[2:]))
-    out[...] = padded[first]
-    for index in rest:
-        combine(out, padded[index], out=out)
+    bind_reduce_windows(xp, padded, geometry, combine, out)()
 
 
 def bind_reduce_windows(

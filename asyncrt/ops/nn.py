@@ -150,26 +150,32 @@ def _max_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
     with_indices = flag(attrs, "indices")
     column_major = integer(attrs, "storage_order") == 1
 
-    def max_pool(x: Array, out: Array, *indices: Array) -> None:
-        out_spatial = out.shape[2:]
-        begin, _, reach = geometry.padding(x.shape[2:], out_spatial)
+    def folds(x: Array, out: Array) -> tuple[Array, Callable[[], None]]:
+        """The padded input (pads filled here) and the call that refreshes
+        it from ``x`` and folds its windows into ``out``."""
+        begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
         lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-        padded = pad_spatial(xp, x, begin, reach, lowest)
-        reduce_windows(xp, padded, geometry, xp.maximum, out)
+        padded, refresh = bind_padded(xp, x, begin, reach, lowest)
+        return padded, bind_reduce_windows(
+            xp, padded, geometry, xp.maximum, out, refresh
+        )
+
+    def max_pool(x: Array, out: Array, *indices: Array) -> None:
+        padded, fold = folds(x, out)
+        fold()
         if with_indices:
+            out_spatial = out.shape[2:]
+            begin = geometry.padding(x.shape[2:], out_spatial)[0]
             view = windows(xp, padded, geometry, out_spatial)
             _argmax_indices(
                 xp, view, x.shape, begin, geometry, column_major, indices[0]
             )
 
     def bind(x: Array, out: Array, *indices: Array) -> Callable[[], None]:
-        out_spatial = out.shape[2:]
-        begin, _, reach = geometry.padding(x.shape[2:], out_spatial)
+        begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
         if with_indices or not _fits(x, begin, reach):
             return functools.partial(max_pool, x, out, *indices)
-        lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-        padded, refresh = bind_padded(xp, x, begin, reach, lowest)
-        return bind_reduce_windows(xp, padded, geometry, xp.maximum, out, refresh)
+        return folds(x, out)[1]
 
     return Bindable(max_pool, bind)
 
@@ -287,23 +293,9 @@ def _avg_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
             return 1 / math.prod(geometry.kernel)
         return inverse.astype(x.dtype)
 
-    def avg_pool(x: Array, out: Array) -> None:
-        matmul = by_matrix(x, out)
-        if matmul is not None:
-            matmul()
-            return
+    def by_folds(x: Array, out: Array) -> Callable[[], None]:
+        """Pad (the pads filled here), fold the windows' sums, scale."""
         begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
-        padded = pad_spatial(xp, x, begin, reach, 0)
-        reduce_windows(xp, padded, geometry, xp.add, out)
-        xp.multiply(out, scale(x, out), out)
-
-    def bind(x: Array, out: Array) -> Callable[[], None]:
-        matmul = by_matrix(x, out)
-        if matmul is not None:
-            return matmul
-        begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
-        if not _fits(x, begin, reach):
-            return functools.partial(avg_pool, x, out)
         padded, refresh = bind_padded(xp, x, begin, reach, 0)
         fold = bind_reduce_windows(xp, padded, geometry, xp.add, out, refresh)
         factor = scale(x, out)
@@ -314,6 +306,18 @@ def _avg_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
             multiply(out, factor, out)
 
         return pool
+
+    def avg_pool(x: Array, out: Array) -> None:
+        (by_matrix(x, out) or by_folds(x, out))()
+
+    def bind(x: Array, out: Array) -> Callable[[], None]:
+        matmul = by_matrix(x, out)
+        if matmul is not None:
+            return matmul
+        begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
+        if not _fits(x, begin, reach):
+            return functools.partial(avg_pool, x, out)
+        return by_folds(x, out)
 
     return Bindable(avg_pool, bind)
 
