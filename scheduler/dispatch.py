@@ -354,7 +354,7 @@ class Program:
         for stream, index in plan.order:
             step = plan.streams[stream].steps[index]
             if isinstance(step, Launch):
-                fn, args = self._bind_launch(step, kernels)
+                fn, args = self._bind_launch(step, kernels, stream)
                 is_async = inspect.iscoroutinefunction(fn)
                 if self._trace is not None:
                     fn = self._trace.wrap(fn, stream, index, step)
@@ -401,7 +401,7 @@ class Program:
         return _Batch(0, calls, launches)
 
     def _bind_launch(
-        self, step: Launch, kernels: Mapping[int, Kernel]
+        self, step: Launch, kernels: Mapping[int, Kernel], stream: int
     ) -> tuple[Kernel, tuple[Any, ...]]:
         if step.func_name == "__copy":
             src, dst = (self.arrays[e] for e in step.args)
@@ -424,7 +424,10 @@ class Program:
         # A kernel that binds to its arrays does its per-array work once,
         # here: this program's arrays are the same for every run.
         if isinstance(kernel, Bindable):
-            return kernel.bind(*arrays), ()
+            try:
+                return kernel.bind(*arrays), ()
+            except Exception as exc:  # as a failing call would: name the node
+                raise self._node_error(step, stream) from exc
         return kernel, arrays
 
     # -- running ---------------------------------------------------------------

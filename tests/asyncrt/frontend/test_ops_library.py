@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
 
 import asyncrt
 from asyncrt import ops
-from asyncrt.errors import GraphError
+from asyncrt.errors import GraphError, NodeFailedError
 from asyncrt.graph import GraphBuilder
 
 
@@ -393,3 +394,27 @@ def test_the_executor_binds_library_kernels_once_per_context() -> None:
         calls = [c for batch in ex._own_context().program._actions for c in batch.calls]
     (launch,) = [(fn, args) for fn, args, work in calls if work > 0]
     assert launch[1] == () and not isinstance(launch[0], asyncrt.Bindable)
+
+
+@pytest.mark.anyio
+async def test_a_kernel_that_fails_to_bind_fails_its_run_naming_the_node() -> None:
+    """A binder that raises fails the run (when its context is made) with
+    ``NodeFailedError`` naming the node, the binder's error chained; a
+    later run tries again and the executor stays open."""
+
+    def bad_bind(a: np.ndarray, out: np.ndarray) -> Any:
+        raise ValueError("cannot bind")
+
+    lib = asyncrt.Module(
+        {"twice": asyncrt.Bindable(lambda a, out: np.multiply(a, 2, out), bad_bind)}
+    )
+    b = GraphBuilder()
+    x = b.input("x", shape=(4,), dtype="float32")
+    b.output(b.op("twice", x, shape=(4,), dtype="float32", name="dbl"))
+    with asyncrt.graph_executor.create(b.build(), lib, "cpu") as ex:
+        for _ in range(2):
+            with pytest.raises(NodeFailedError) as failed:
+                await ex.run(x=np.ones(4, np.float32))
+            assert failed.value.node == "dbl"
+            assert isinstance(failed.value.__cause__, ValueError)
+        assert not ex.closed
