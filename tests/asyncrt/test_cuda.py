@@ -68,8 +68,11 @@ async def test_builtin_kernels_run_on_cuda(devices: list[str]) -> None:
 
 
 @pytest.mark.anyio
-async def test_concurrent_runs_on_two_gpu_streams() -> None:
-    with _mlp(["cuda:0", "cpu:0"], max_streams=2, max_contexts=4) as ex:
+async def test_concurrent_runs_across_the_gpu_and_the_cpu() -> None:
+    with _mlp(
+        ["cuda:0", "cpu:0"], policy=_round_robin, max_streams=2, max_contexts=4
+    ) as ex:
+        assert Device("cuda", 0) in set(ex.plan.placement.values())
         xs = [
             np.random.default_rng(i).standard_normal(N).astype(np.float32)
             for i in range(8)
@@ -165,7 +168,7 @@ async def test_cancelled_gpu_runs_give_everything_back(
 
     lib = asyncrt.Module({"relu": {"cuda": sleepy_relu}})
     async with graph_executor.create(
-        mlp_graph(), lib, ["cuda:0", "cpu:0"], max_contexts=limit
+        mlp_graph(), lib, ["cuda:0", "cpu:0"], policy=_round_robin, max_contexts=limit
     ) as ex:
         ex.load_params(PARAMS)
         rng = np.random.default_rng(len(delays))
