@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 $py -c "import cupy, onnxruntime as o; print('cupy', cupy.__version__, 'ort', o.__version__, o.get_available_providers())"
 timeout 240 $py -m pytest -q -m cuda --timeout 120 tests/devices tests/asyncrt/test_cuda.py 2>&1 \
     | tee "$out/cuda-tests.log" | tail -15
-timeout 200 $py -m pytest -q --timeout 120 -p xdist -n 8 tests/asyncrt/frontend/test_onnx_conformance_cuda.py 2>&1 \
+timeout 200 $py -m pytest -q --timeout 120 -n 8 tests/asyncrt/frontend/test_onnx_conformance_cuda.py 2>&1 \
     | tee "$out/conformance-cuda.log" | tail -15
 runners=ort-seq-tdef,ort-par-tdef,asyncrt,asyncrt-cuda,asyncrt-cuda-fused
 $py -c "import onnxruntime as o, sys; sys.exit('CUDAExecutionProvider' not in o.get_available_providers())" \
