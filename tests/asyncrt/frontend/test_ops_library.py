@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import asyncrt
 from asyncrt import ops
@@ -418,3 +420,46 @@ async def test_a_kernel_that_fails_to_bind_fails_its_run_naming_the_node() -> No
             assert failed.value.node == "dbl"
             assert isinstance(failed.value.__cause__, ValueError)
         assert not ex.closed
+
+
+# -- window folds (pooling) -----------------------------------------------------
+
+
+@st.composite
+def _window_cases(draw: st.DrawFn) -> tuple[Any, np.ndarray[Any, Any], tuple[int, ...]]:
+    from asyncrt.ops._windows import Geometry
+
+    rank = draw(st.integers(1, 3))
+    kernel = tuple(draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank)))
+    strides = tuple(draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank)))
+    dilations = tuple(draw(st.lists(st.integers(1, 2), min_size=rank, max_size=rank)))
+    outs = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
+    spatial = tuple(
+        (o - 1) * s + (k - 1) * d + 1 + draw(st.integers(0, 2))
+        for o, s, k, d in zip(outs, strides, kernel, dilations, strict=True)
+    )
+    seed = draw(st.integers(0, 2**16))
+    x = np.random.default_rng(seed).standard_normal((2, 3, *spatial))
+    return Geometry(kernel, strides, dilations, None, "VALID"), x, outs
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=_window_cases(), maximum=st.booleans())
+def test_a_window_fold_is_the_reduction_over_every_window(
+    case: tuple[Any, np.ndarray[Any, Any], tuple[int, ...]], maximum: bool
+) -> None:
+    """The separable fold (one pass per spatial axis) equals reducing each
+    window whole, for any kernel, strides and dilations in 1-3 dimensions:
+    max exactly, sums to rounding."""
+    from asyncrt.ops._windows import reduce_windows, windows
+
+    geometry, x, outs = case
+    out = np.full((2, 3, *outs), np.nan)
+    combine = np.maximum if maximum else np.add
+    reduce_windows(np, x, geometry, combine, out)
+    view = windows(np, x, geometry, outs)
+    axes = tuple(range(-len(outs), 0))
+    if maximum:
+        np.testing.assert_array_equal(out, view.max(axis=axes))
+    else:
+        np.testing.assert_allclose(out, view.sum(axis=axes), rtol=1e-12)
