@@ -145,15 +145,28 @@ def _gelu(xp: ModuleType, attrs: Attrs) -> Kernel:
         xp.multiply(out, 0.5, out)
 
     def bind(a: Array, out: Array) -> Callable[[], None]:
-        if not by_ndtr(a):
+        multiply, add = xp.multiply, xp.add
+        if by_ndtr(a):
+            ndtr = importlib.import_module("scipy.special").ndtr
+
+            def small() -> None:
+                ndtr(a, out)
+                multiply(out, a, out)
+
+            return small
+        if tanh:
             return functools.partial(gelu, a, out)
-        ndtr, multiply = importlib.import_module("scipy.special").ndtr, xp.multiply
+        erf_in_place = erf.bind(out, out)
+        root_half = 1 / math.sqrt(2)
 
-        def small() -> None:
-            ndtr(a, out)
+        def exact() -> None:
+            multiply(a, root_half, out)
+            erf_in_place()
+            add(out, 1, out)
             multiply(out, a, out)
+            multiply(out, 0.5, out)
 
-        return small
+        return exact
 
     return Bindable(gelu, bind)
 

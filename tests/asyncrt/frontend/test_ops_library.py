@@ -332,6 +332,7 @@ BOUND = [
     ),
     ("gelu", {"approximate": "none"}, [(4, 8)], (4, 8)),
     ("gelu", {"approximate": "none"}, [(40, 80)], (40, 80)),
+    ("gelu", {"approximate": "none"}, [(300, 300)], (300, 300)),  # 2 erf blocks
     ("gelu", {"approximate": "tanh"}, [(4, 8)], (4, 8)),
 ]
 
@@ -369,6 +370,25 @@ def test_a_bound_kernel_computes_what_the_call_does(
         bound()
         for got, expected in zip(outs, want, strict=True):
             np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_a_bound_erf_runs_block_by_block_to_the_same_bits(contiguous: bool) -> None:
+    """Blocks (a short last one included) and the whole-array fallback for
+    strided arrays give the whole-array call's bits, run after run."""
+    from asyncrt._ops import bind_erf_float32, erf_float32
+
+    rng = np.random.default_rng(5)
+    base = np.zeros((50, 110), np.float32)
+    a = base if contiguous else base[:, ::2]
+    out = np.zeros(a.shape, np.float32)
+    bound = bind_erf_float32(np, a, out, block=1000)
+    for scale in (1.0, 5.0):
+        a[...] = scale * rng.standard_normal(a.shape)
+        want = np.empty_like(out)
+        erf_float32(np, a, want)
+        bound()
+        np.testing.assert_array_equal(out, want)
 
 
 def test_the_executor_binds_library_kernels_once_per_context() -> None:
