@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _common
+from . import _banded, _common
 from ._common import Array
 
 __all__ = ("CHUNK_BYTES", "bind_stride1", "conv_stride1")
@@ -216,7 +216,16 @@ def bind_stride1(
     """:func:`conv_stride1` on these arrays, every time: a call without
     arguments, or ``None`` where the batch takes several chunks or the
     scratch would not fit in ``limit`` bytes (default
-    ``BOUND_SCRATCH_BYTES``)."""
+    ``BOUND_SCRATCH_BYTES``). Depthwise convolutions of narrow planes take
+    a banded matmul instead (:mod:`asyncrt.ops._banded`)."""
+    if limit is None:
+        limit = _common.BOUND_SCRATCH_BYTES
+    if _banded.takes(xp, x, w, out, group, dilations):
+        banded = _banded.bind_banded(
+            xp, x, w, bias, out, begin, dilations, relu=relu, limit=limit
+        )
+        if banded is not None:
+            return banded
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
     out_spatial = out.shape[2:]
@@ -237,8 +246,6 @@ def bind_stride1(
         return direct
     scratch = x.itemsize * n * (c * layout.row + c * math.prod(layout.taps) * length)
     scratch += x.itemsize * n * m * length
-    if limit is None:
-        limit = _common.BOUND_SCRATCH_BYTES
     if layout.chunk < n or scratch > limit:
         return None
     # The padded planes' borders stay zero: only their interior is written.

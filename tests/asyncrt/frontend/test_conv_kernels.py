@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from asyncrt import Bindable
-from asyncrt.ops import _common, _im2col
+from asyncrt.ops import _banded, _common, _im2col
 from asyncrt.ops._registry import lookup
 
 
@@ -63,7 +63,12 @@ CASES = [
     ((2, 8, 6, 5), (4, 8, 1, 1), 1, [1, 0, 0, 1], [1, 1], False),
     ((2, 3, 20), (5, 3, 4), 1, [1, 2], [2], True),
     ((1, 2, 5, 6, 4), (3, 2, 2, 3, 2), 1, [1, 0, 1, 0, 1, 0], [1, 1, 1], True),
+    # depthwise with enough rows: the banded matmul (BANDED below)
+    ((8, 4, 10, 9), (4, 1, 3, 3), 4, [1, 1, 1, 1], [1, 1], True),
+    ((4, 3, 20, 12), (3, 1, 3, 2), 3, [2, 0, 0, 1], [2, 3], False),
+    ((16, 2, 8, 8), (2, 1, 5, 5), 2, [2, 2, 2, 2], [1, 1], True),
 ]
+BANDED = CASES[-3:]
 
 
 def _stride1_attrs(
@@ -147,6 +152,21 @@ def test_a_bound_conv_computes_what_the_call_does(
         np.testing.assert_array_equal(out, want)
     if relu:
         assert (out >= 0).all()
+
+
+def test_narrow_depthwise_convolutions_take_the_banded_matmul() -> None:
+    """The banded cases above bind the banded matmul; a depthwise one with
+    too few rows (the test CNN at batch 2) keeps im2col."""
+    for xs, ws, group, pads, dil, bias in [*BANDED, CASES[1]]:
+        kernel = lookup("conv").make(np, _stride1_attrs(ws, group, pads, dil, bias))
+        assert isinstance(kernel, Bindable)
+        x, w = np.zeros(xs, np.float32), np.zeros(ws, np.float32)
+        out = np.zeros(_reference(x, w, None, group, pads, dil).shape, np.float32)
+        b = [np.zeros(ws[0], np.float32)] if bias else []
+        bound = kernel.bind(x, w, *b, out)
+        banded = _banded.takes(np, x, w, out, group, tuple(dil))
+        assert banded == ((xs, ws, group, pads, dil, bias) in BANDED)
+        assert (getattr(bound, "__name__", "") == "banded") == banded
 
 
 POOLS = [
