@@ -21,7 +21,9 @@ depthwise ones (one input and one output channel per group) come here.
 Channels are laid out channel-major for the matmul, so the input goes in
 and the output comes out through one transposing copy each; the bias add
 rides on the second, and the weights are written into ``B``'s diagonals
-through one strided view every call (parameters may be reloaded).
+through one strided view every call (parameters may be reloaded). The
+band's zeros multiply every input cell of a row, so an input holding NaN or
+infinity takes the im2col path instead (two reductions a call decide it).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ._common import Array
+from ._common import Array, all_finite
 
 __all__ = ("MAX_PADDED_WIDTH", "MIN_ROWS", "bind_banded", "takes")
 
@@ -78,9 +80,13 @@ def bind_banded(
     *,
     relu: bool = False,
     limit: float,
+    exact: Callable[[], None],
 ) -> Callable[[], None] | None:
     """The depthwise convolution of :func:`takes`' shapes, bound to these
     arrays, or ``None`` if its scratch would not fit in ``limit`` bytes.
+    An input holding NaN or infinity runs ``exact`` (the same convolution
+    without the band) instead: the band's zeros would spread it along its
+    rows (``inf * 0`` is NaN).
 
     :param x: ``(N, C, H_in, W_in)``.
     :param w: ``(C, 1, Kh, Kw)``.
@@ -128,6 +134,9 @@ def bind_banded(
     copyto, matmul, add, maximum = xp.copyto, xp.matmul, xp.add, xp.maximum
 
     def banded() -> None:
+        if not all_finite(x):
+            exact()
+            return
         copyto(diagonals, taps)
         copyto(interior, source)
         copyto(lhs, repeated)

@@ -155,6 +155,7 @@ def conv_stride1(
     dilations: tuple[int, ...],
     *,
     relu: bool = False,
+    banded: bool = True,
 ) -> None:
     """``out = conv(x, w) + bias`` for strides of 1, then ``max(out, 0)``
     in place if ``relu`` (each chunk while it is in cache).
@@ -165,9 +166,21 @@ def conv_stride1(
     :param out: ``(N, M, *out_spatial)``, C-contiguous.
     :param begin: the pads before each spatial axis (the pads after follow
         from the shapes).
+    :param banded: whether depthwise convolutions may take the banded
+        matmul (its own fallback for non-finite inputs says no).
     """
     whole = bind_stride1(
-        xp, x, w, bias, out, group, begin, dilations, relu=relu, limit=math.inf
+        xp,
+        x,
+        w,
+        bias,
+        out,
+        group,
+        begin,
+        dilations,
+        relu=relu,
+        limit=math.inf,
+        banded=banded,
     )
     if whole is not None:  # the batch in one chunk: the bound call, made now
         whole()
@@ -212,6 +225,7 @@ def bind_stride1(
     *,
     relu: bool = False,
     limit: float | None = None,
+    banded: bool = True,
 ) -> Callable[[], None] | None:
     """:func:`conv_stride1` on these arrays, every time: a call without
     arguments, or ``None`` where the batch takes several chunks or the
@@ -220,12 +234,35 @@ def bind_stride1(
     a banded matmul instead (:mod:`asyncrt.ops._banded`)."""
     if limit is None:
         limit = _common.BOUND_SCRATCH_BYTES
-    if _banded.takes(xp, x, w, out, group, dilations):
-        banded = _banded.bind_banded(
-            xp, x, w, bias, out, begin, dilations, relu=relu, limit=limit
+    if banded and _banded.takes(xp, x, w, out, group, dilations):
+        exact = functools.partial(
+            conv_stride1,
+            xp,
+            x,
+            w,
+            bias,
+            out,
+            group,
+            begin,
+            dilations,
+            relu=relu,
+            banded=False,
         )
-        if banded is not None:
-            return banded
+        # Scratch as bounded as im2col's chunks, bound or not.
+        call = _banded.bind_banded(
+            xp,
+            x,
+            w,
+            bias,
+            out,
+            begin,
+            dilations,
+            relu=relu,
+            limit=min(limit, CHUNK_BYTES),
+            exact=exact,
+        )
+        if call is not None:
+            return call
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
     out_spatial = out.shape[2:]

@@ -247,8 +247,7 @@ def bind_reduce_windows(
 
 def _axis_slice(geometry: Geometry, axis: int, offset: int, size: int) -> slice:
     """Kernel offset ``offset``'s cell of each of ``size`` windows along
-    ``axis``."""
+    ``axis`` (none for ``size`` 0: a negative stop would wrap around)."""
     start = offset * geometry.dilations[axis]
-    return slice(
-        start, start + (size - 1) * geometry.strides[axis] + 1, geometry.strides[axis]
-    )
+    stride = geometry.strides[axis]
+    return slice(start, start + (size - 1) * stride + 1 if size else start, stride)

@@ -25,7 +25,17 @@ from scheduler.dag import TensorSpec
 
 from .._kernels import Bindable
 from . import _common
-from ._common import Array, choice, flag, integer, ints, number, opt_ints, quiet
+from ._common import (
+    Array,
+    all_finite,
+    choice,
+    flag,
+    integer,
+    ints,
+    number,
+    opt_ints,
+    quiet,
+)
 from ._im2col import bind_stride1, conv_stride1
 from ._registry import Attrs, define
 from ._windows import (
@@ -121,7 +131,14 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
     def bind(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
         out = rest[-1]
         bound = None
-        if x.dtype != np.float16 and all(s == 1 for s in geometry.strides):
+        # A bound call keeps reshaped views: of a strided array they would
+        # be copies, blind to its later values.
+        contiguous = all(a.flags.c_contiguous for a in (x, w, *rest))
+        if (
+            contiguous
+            and x.dtype != np.float16
+            and all(s == 1 for s in geometry.strides)
+        ):
             begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
             bias = rest[0] if has_bias else None
             bound = bind_stride1(
@@ -181,11 +198,12 @@ def _max_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
 
 
 def _fits(x: Array, begin: tuple[int, ...], end: tuple[int, ...]) -> bool:
-    """Whether ``x`` padded by ``begin`` and ``end`` fits in a bound
-    kernel's scratch."""
+    """Whether ``x`` padded by ``begin`` and ``end``, and the window fold's
+    scratch between its passes (each smaller than the padded input, one
+    fewer than the spatial axes), fit in a bound kernel's scratch."""
     padded = [b + s + e for b, s, e in zip(begin, x.shape[2:], end, strict=True)]
     nbytes = x.itemsize * x.shape[0] * x.shape[1] * math.prod(padded)
-    return bool(nbytes <= _common.BOUND_SCRATCH_BYTES)
+    return bool(nbytes * len(padded) <= _common.BOUND_SCRATCH_BYTES)
 
 
 def _argmax_indices(
@@ -272,19 +290,30 @@ def _avg_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
 
     def by_matrix(x: Array, out: Array) -> Callable[[], None] | None:
         """One matmul with the pooling matrix, or ``None`` where the planes
-        are too large for one."""
+        are too large for one (or not numpy's: on a GPU the folds are
+        fine). An input holding NaN or infinity takes the folds instead:
+        the matrix's zeros would spread it over its whole plane."""
         in_spatial, out_spatial = tuple(x.shape[2:]), tuple(out.shape[2:])
         size, positions = math.prod(in_spatial), math.prod(out_spatial)
-        if size * max(size, positions) > POOL_MATRIX_CELLS or x.dtype.kind != "f":
+        if (
+            xp is not np
+            or size * max(size, positions) > POOL_MATRIX_CELLS
+            or x.dtype.kind != "f"
+            or not (x.flags.c_contiguous and out.flags.c_contiguous)
+        ):
             return None
         matrix = pooling_matrix(in_spatial, out_spatial, x.dtype.str)
         planes = x.shape[0] * x.shape[1]
-        return functools.partial(
-            xp.matmul,
-            x.reshape(planes, size),
-            matrix,
-            out=out.reshape(planes, positions),
-        )
+        rows, columns = x.reshape(planes, size), out.reshape(planes, positions)
+        matmul = xp.matmul
+
+        def pool() -> None:
+            if all_finite(x):
+                matmul(rows, matrix, out=columns)
+            else:
+                by_folds(x, out)()
+
+        return pool
 
     def scale(x: Array, out: Array) -> Array | float:
         """What the window sums are multiplied by."""

@@ -86,11 +86,13 @@ def _stride1_attrs(
     }
 
 
+@pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("chunk_bytes", [1 << 23, 1])
 @pytest.mark.parametrize(("xs", "ws", "group", "pads", "dil", "bias"), CASES)
 def test_stride1_conv_matches_reference(
     monkeypatch: pytest.MonkeyPatch,
     chunk_bytes: int,
+    relu: bool,
     xs: tuple[int, ...],
     ws: tuple[int, ...],
     group: int,
@@ -103,11 +105,53 @@ def test_stride1_conv_matches_reference(
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
     b = rng.standard_normal(ws[0]).astype(np.float32) if bias else None
-    kernel = lookup("conv").make(np, _stride1_attrs(ws, group, pads, dil, bias))
+    attrs = _stride1_attrs(ws, group, pads, dil, bias)
+    if relu:
+        attrs["activation"] = "relu"
+    kernel = lookup("conv").make(np, attrs)
     want = _reference(x, w, b, group, pads, dil)
+    if relu:
+        want = np.maximum(want, 0)
     out = np.full(want.shape, np.nan, np.float32)
     kernel(x, w, *([b] if b is not None else []), out)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bound", [False, True])
+@pytest.mark.parametrize(("xs", "ws", "group", "pads", "dil", "bias"), CASES)
+def test_a_non_finite_input_reaches_only_the_outputs_it_feeds(
+    bound: bool,
+    xs: tuple[int, ...],
+    ws: tuple[int, ...],
+    group: int,
+    pads: list[int],
+    dil: list[int],
+    bias: bool,
+) -> None:
+    """A NaN and an infinity in the input give NaN and infinity exactly
+    where the reference puts them (the banded matmul's zeros would spread
+    them along their rows), and the finite outputs stay right."""
+    rng = np.random.default_rng(math.prod(ws))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    b = [rng.standard_normal(ws[0]).astype(np.float32)] if bias else []
+    flat = x.reshape(-1)
+    flat[flat.size // 3] = np.nan
+    flat[2 * flat.size // 3] = np.inf
+    kernel = lookup("conv").make(np, _stride1_attrs(ws, group, pads, dil, bias))
+    assert isinstance(kernel, Bindable)
+    with np.errstate(invalid="ignore"):
+        want = _reference(x, w, b[0] if b else None, group, pads, dil)
+    out = np.zeros(want.shape, np.float32)
+    with np.errstate(invalid="ignore"):
+        if bound:
+            kernel.bind(x, w, *b, out)()
+        else:
+            kernel(x, w, *b, out)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(out[finite], want[finite], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("relu", [False, True])
@@ -200,11 +244,30 @@ def test_avg_pool_matrix_matches_window_folds(
         "count_include_pad": count,
     }
     x = np.random.default_rng(3).standard_normal(xs).astype(np.float32)
+    matrix_cells = nn.POOL_MATRIX_CELLS
     results = []
-    for cells in (nn.POOL_MATRIX_CELLS, 0):  # the matrix, then the folds
+    for cells in (matrix_cells, 0):  # the matrix, then the folds
         monkeypatch.setattr(nn, "POOL_MATRIX_CELLS", cells)
         out = np.full((*xs[:2], *out_sp), np.nan, np.float32)
         lookup("avg_pool").make(np, attrs)(x, out)
         results.append(out)
     np.testing.assert_allclose(results[0], results[1], rtol=1e-6, atol=1e-6)
     assert np.isfinite(results[0]).all()
+    # A NaN and an infinity reach only their own windows (the matrix's
+    # zeros would spread them over the plane), bound or not.
+    flat = x.reshape(-1)
+    flat[1], flat[-2] = np.nan, np.inf
+    kernel = lookup("avg_pool").make(np, attrs)
+    assert isinstance(kernel, Bindable)
+    outs = []
+    for cells in (matrix_cells, 0):
+        monkeypatch.setattr(nn, "POOL_MATRIX_CELLS", cells)
+        for bound in (False, True):
+            out = np.zeros((*xs[:2], *out_sp), np.float32)
+            with np.errstate(invalid="ignore"):
+                kernel.bind(x, out)() if bound else kernel(x, out)
+            outs.append(out)
+    for out in outs[:-1]:  # against the folds, bound
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(outs[-1]))
+        np.testing.assert_array_equal(np.isinf(out), np.isinf(outs[-1]))
+    assert 0 < np.isnan(outs[0]).sum() < outs[0].size / 2
