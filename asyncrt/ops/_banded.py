@@ -33,7 +33,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ._common import Array, all_finite
+from ._common import Array, add_bias_relu, all_finite
 
 __all__ = ("MAX_PADDED_WIDTH", "MIN_ROWS", "bind_banded", "takes")
 
@@ -131,7 +131,7 @@ def bind_banded(
     result = xp.empty((c, n * h, width), dtype=x.dtype)
     planar = result.reshape(c, n, h, width).transpose(1, 0, 2, 3)
     bias_view = None if bias is None else bias.reshape(1, c, 1, 1)
-    copyto, matmul, add, maximum = xp.copyto, xp.matmul, xp.add, xp.maximum
+    copyto, matmul = xp.copyto, xp.matmul
 
     def banded() -> None:
         if not all_finite(x):
@@ -141,11 +141,6 @@ def bind_banded(
         copyto(interior, source)
         copyto(lhs, repeated)
         matmul(matrix, band, out=result)
-        if bias_view is None:
-            copyto(out, planar)
-        else:
-            add(planar, bias_view, out)
-        if relu:
-            maximum(out, 0, out=out)
+        add_bias_relu(xp, planar, bias_view, out, relu)
 
     return banded

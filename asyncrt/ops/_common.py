@@ -14,6 +14,7 @@ from ._registry import Attrs
 __all__ = (
     "BOUND_SCRATCH_BYTES",
     "Array",
+    "add_bias_relu",
     "all_finite",
     "choice",
     "flag",
@@ -52,6 +53,20 @@ def all_finite(a: np.ndarray[Any, Any]) -> bool:
     overflow.)
     """
     return bool(np.isfinite(a).all())
+
+
+def add_bias_relu(
+    xp: ModuleType, source: Array, bias: Array | None, out: Array, relu: bool
+) -> None:
+    """A convolution's epilogue: ``out = source + bias`` (``bias`` shaped to
+    broadcast; a copy without one, nothing if ``source`` is ``out``), then
+    ``max(out, 0)`` in place if ``relu``."""
+    if bias is not None:
+        xp.add(source, bias, out)
+    elif source is not out:
+        xp.copyto(out, source)
+    if relu:
+        xp.maximum(out, 0, out=out)
 
 
 def ints(attrs: Attrs, key: str) -> tuple[int, ...]:

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from . import _banded, _common
-from ._common import Array
+from ._common import Array, add_bias_relu
 
 __all__ = ("CHUNK_BYTES", "bind_stride1", "conv_stride1")
 
@@ -204,13 +204,7 @@ def conv_stride1(
         got = result[:size]
         xp.matmul(weights, cols[:size].reshape(size, group, -1, length), out=got)
         rows = got.reshape(size, m, out_spatial[0], *layout.padded[1:])[layout.keep]
-        target = out[start : start + size]
-        if bias_view is None:
-            target[...] = rows
-        else:
-            xp.add(rows, bias_view, target)
-        if relu:
-            xp.maximum(target, 0, out=target)
+        add_bias_relu(xp, rows, bias_view, out[start : start + size], relu)
 
 
 def bind_stride1(
@@ -268,17 +262,14 @@ def bind_stride1(
     out_spatial = out.shape[2:]
     layout, weights, bias_view = _setup(x, w, bias, out, group, begin, dilations)
     length, mg = layout.length, m // group
-    copyto, matmul, add, maximum = xp.copyto, xp.matmul, xp.add, xp.maximum
+    copyto, matmul = xp.copyto, xp.matmul
     if layout.direct:
         cols = x.reshape(n, group, cg, length)
         result = out.reshape(n, group, mg, length)
 
         def direct() -> None:
             matmul(weights, cols, out=result)
-            if bias_view is not None:
-                add(out, bias_view, out)
-            if relu:
-                maximum(out, 0, out=out)
+            add_bias_relu(xp, out, bias_view, out, relu)
 
         return direct
     scratch = x.itemsize * n * (c * layout.row + c * math.prod(layout.taps) * length)
@@ -300,11 +291,6 @@ def bind_stride1(
         copyto(interior, x)
         copyto(cols, view)
         matmul(weights, matrix, out=result)
-        if bias_view is None:
-            copyto(out, rows)
-        else:
-            add(rows, bias_view, out)
-        if relu:
-            maximum(out, 0, out=out)
+        add_bias_relu(xp, rows, bias_view, out, relu)
 
     return padded

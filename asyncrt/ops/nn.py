@@ -27,6 +27,7 @@ from .._kernels import Bindable
 from . import _common
 from ._common import (
     Array,
+    add_bias_relu,
     all_finite,
     choice,
     flag,
@@ -123,10 +124,8 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             cols = cols.reshape(n, group, cg * math.prod(geometry.kernel), positions)
             weights = w.reshape(group, mg, -1)
             xp.matmul(weights, cols, out=out.reshape(n, group, mg, positions))
-        if has_bias:
-            xp.add(grouped, rest[0].reshape(group, mg, *(1,) * rank), grouped)
-        if relu:
-            xp.maximum(out, 0, out=out)
+        bias = rest[0].reshape(group, mg, *(1,) * rank) if has_bias else None
+        add_bias_relu(xp, grouped, bias, grouped, relu)
 
     def bind(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
         out = rest[-1]
