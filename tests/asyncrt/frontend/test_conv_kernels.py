@@ -71,6 +71,16 @@ CASES = [
 BANDED = CASES[-3:]
 
 
+def _random_case(
+    xs: tuple[int, ...], ws: tuple[int, ...], bias: bool, seed: int
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """A case's input, weights and bias (a list: empty without one)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    return x, w, [rng.standard_normal(ws[0]).astype(np.float32)] if bias else []
+
+
 def _stride1_attrs(
     ws: tuple[int, ...], group: int, pads: list[int], dil: list[int], bias: bool
 ) -> dict[str, object]:
@@ -101,19 +111,16 @@ def test_stride1_conv_matches_reference(
     bias: bool,
 ) -> None:
     monkeypatch.setattr(_im2col, "CHUNK_BYTES", chunk_bytes)  # 1: one per chunk
-    rng = np.random.default_rng(math.prod(xs))
-    x = rng.standard_normal(xs).astype(np.float32)
-    w = rng.standard_normal(ws).astype(np.float32)
-    b = rng.standard_normal(ws[0]).astype(np.float32) if bias else None
+    x, w, b = _random_case(xs, ws, bias, seed=math.prod(xs))
     attrs = _stride1_attrs(ws, group, pads, dil, bias)
     if relu:
         attrs["activation"] = "relu"
     kernel = lookup("conv").make(np, attrs)
-    want = _reference(x, w, b, group, pads, dil)
+    want = _reference(x, w, b[0] if b else None, group, pads, dil)
     if relu:
         want = np.maximum(want, 0)
     out = np.full(want.shape, np.nan, np.float32)
-    kernel(x, w, *([b] if b is not None else []), out)
+    kernel(x, w, *b, out)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
@@ -131,10 +138,7 @@ def test_a_non_finite_input_reaches_only_the_outputs_it_feeds(
     """A NaN and an infinity in the input give NaN and infinity exactly
     where the reference puts them (the banded matmul's zeros would spread
     them along their rows), and the finite outputs stay right."""
-    rng = np.random.default_rng(math.prod(ws))
-    x = rng.standard_normal(xs).astype(np.float32)
-    w = rng.standard_normal(ws).astype(np.float32)
-    b = [rng.standard_normal(ws[0]).astype(np.float32)] if bias else []
+    x, w, b = _random_case(xs, ws, bias, seed=math.prod(ws))
     flat = x.reshape(-1)
     flat[flat.size // 3] = np.nan
     flat[2 * flat.size // 3] = np.inf
