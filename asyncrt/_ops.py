@@ -183,7 +183,7 @@ def bind_softmax_last_axis(
     width = a.shape[-1]
     flat, rows = a.reshape(-1, width), out.reshape(-1, width)
     totals = np.empty(flat.shape[0], dtype=a.dtype)
-    column, ones = totals.reshape(-1, 1), _ones(width, a.dtype.str)
+    column, ones = totals.reshape(-1, 1), ones_vector(width, a.dtype.str)
     minimum, maximum, fmax = np.minimum.reduce, np.maximum.reduce, np.fmax.reduce
     exp, subtract, matmul = np.exp, np.subtract, np.matmul
     reciprocal, multiply = np.reciprocal, np.multiply
@@ -210,7 +210,9 @@ def bind_softmax_last_axis(
 
 
 @functools.lru_cache(maxsize=16)
-def _ones(width: int, dtype: str) -> np.ndarray[Any, Any]:
+def ones_vector(width: int, dtype: str) -> np.ndarray[Any, Any]:
+    """A read-only vector of ``width`` ones (cached): row sums as one
+    matrix-vector product."""
     ones = np.ones(width, dtype=dtype)
     ones.flags.writeable = False
     return ones

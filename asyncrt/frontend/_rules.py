@@ -110,6 +110,11 @@ class NodeContext:
         except InferenceFailed as exc:
             raise self.unsupported(f"cannot infer its outputs: {exc}") from exc
 
+    def correct_outputs(self, specs: list[TensorSpec]) -> None:
+        """Replace the inferred output specs, where ONNX's shape inference
+        is behind its operator's specification."""
+        self.__dict__["outputs"] = specs
+
     @property
     def num_outputs(self) -> int:
         """How many outputs the node names."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from scheduler.dag import TensorSpec
+
 from ._rules import Call, Lowering, NodeContext, rule
 
 __all__ = ()
@@ -37,11 +39,39 @@ def _conv(ctx: NodeContext) -> Lowering:
     return Call("conv", (0, 1, 2) if ctx.has(2) else (0, 1), attrs)
 
 
+def _ceil_mode_outputs(ctx: NodeContext, attrs: dict[str, Any]) -> None:
+    """With ``ceil_mode``, drop a last window that would start in the right
+    padding, as the specification (and ONNX Runtime) do: onnx 1.23's shape
+    inference keeps it, and a pool over nothing but padding gives -inf or
+    NaN. The kernels follow the output's shape, so the shape is the fix."""
+    if not ctx.attr("ceil_mode", 0) or attrs["auto_pad"] != "NOTSET":
+        return
+    spatial = ctx.spec(0).shape[2:]
+    rank = len(spatial)
+    pads = attrs["pads"] or [0] * (2 * rank)
+    sizes = []
+    for axis, size in enumerate(spatial):
+        stride = attrs["strides"][axis]
+        extent = (attrs["kernel_shape"][axis] - 1) * attrs["dilations"][axis] + 1
+        span = size + pads[axis] + pads[rank + axis]
+        if span < extent:
+            return  # no window fits: inference's verdict stands
+        count = -(-(span - extent) // stride) + 1
+        if (count - 1) * stride >= size + pads[axis]:
+            count -= 1
+        sizes.append(count)
+    specs = ctx.outputs
+    ctx.correct_outputs(
+        [TensorSpec((*spec.shape[:2], *sizes), spec.dtype) for spec in specs]
+    )
+
+
 @rule("MaxPool", attrs=(*_WINDOW_ATTRS, "ceil_mode", "storage_order"))
 def _max_pool(ctx: NodeContext) -> Lowering:
     attrs = _window(ctx)
     attrs["indices"] = ctx.num_outputs == 2
     attrs["storage_order"] = int(ctx.attr("storage_order", 0))
+    _ceil_mode_outputs(ctx, attrs)
     return Call("max_pool", (0,), attrs)  # ceil_mode is in the output's shape
 
 
@@ -49,6 +79,7 @@ def _max_pool(ctx: NodeContext) -> Lowering:
 def _avg_pool(ctx: NodeContext) -> Lowering:
     attrs = _window(ctx)
     attrs["count_include_pad"] = bool(ctx.attr("count_include_pad", 0))
+    _ceil_mode_outputs(ctx, attrs)
     return Call("avg_pool", (0,), attrs)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from .._kernels import Bindable
+from .._ops import ones_vector
 from . import _common
 from ._common import (
     Array,
@@ -99,6 +100,13 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             rest[-1][...] = wide
             return
         out = rest[-1]
+        if not out.size:
+            return
+        if not w.size:  # no input channels per group: the sums are empty
+            out[...] = 0
+            bias = rest[0].reshape(-1, *(1,) * rank) if has_bias else None
+            add_bias_relu(xp, out, bias, out, relu)
+            return
         if all(s == 1 for s in geometry.strides):
             begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
             bias = rest[0] if has_bias else None
@@ -135,6 +143,8 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         contiguous = all(a.flags.c_contiguous for a in (x, w, *rest))
         if (
             contiguous
+            and out.size
+            and w.size
             and x.dtype != np.float16
             and all(s == 1 for s in geometry.strides)
         ):
@@ -361,12 +371,14 @@ def _global(reduce: str) -> Callable[[ModuleType, Attrs], Kernel]:
                 # numpy's mean over several axes costs several microseconds
                 # more a call, the whole of a small model's pooling.
                 planes = x.shape[0] * x.shape[1]
-                return functools.partial(
-                    xp.matmul,
-                    x.reshape(planes, size),
-                    _means(xp, size, x.dtype),
-                    out=out.reshape(planes),
-                )
+                rows, sums = x.reshape(planes, size), out.reshape(planes)
+                ones, matmul, divide = _ones(xp, size, x.dtype), xp.matmul, xp.divide
+
+                def means() -> None:
+                    matmul(rows, ones, out=sums)
+                    divide(sums, size, sums)
+
+                return means
             return functools.partial(
                 func, x, axis=tuple(range(2, x.ndim)), keepdims=True, out=out
             )
@@ -383,19 +395,15 @@ define("global_avg_pool")(_global("mean"))
 define("global_max_pool")(_global("max"))
 
 
-def _means(xp: ModuleType, width: int, dtype: np.dtype[Any]) -> Array:
-    """A read-only vector of ``width`` times ``1 / width`` (cached, on
-    numpy)."""
+def _ones(xp: ModuleType, width: int, dtype: np.dtype[Any]) -> Array:
+    """A vector of ``width`` ones (read-only and cached, on numpy): a
+    matrix-vector product with it sums rows on BLAS. Means divide the sums
+    by the width afterwards: multiplying by a rounded ``1 / width`` instead
+    is off by an ulp, which a layer norm of a near-constant row multiplies
+    by ``1 / sqrt(epsilon)``."""
     if xp is np:
-        return _np_means(width, dtype.str)
-    return xp.full(width, 1 / width, dtype=dtype)
-
-
-@functools.lru_cache(maxsize=16)
-def _np_means(width: int, dtype: str) -> np.ndarray[Any, Any]:
-    means = np.full(width, 1 / width, dtype=dtype)
-    means.flags.writeable = False
-    return means
+        return ones_vector(width, dtype.str)
+    return xp.ones(width, dtype=dtype)
 
 
 def _channel_shape(x: Array) -> tuple[int, ...]:
@@ -478,14 +486,15 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
         ]
         matmul, subtract, multiply = xp.matmul, xp.subtract, xp.multiply
         add, sqrt, reciprocal, copyto = xp.add, xp.sqrt, xp.reciprocal, xp.copyto
-        means = _means(xp, width, x.dtype) if x.dtype.itemsize >= 4 else None
+        ones = _ones(xp, width, x.dtype) if x.dtype.itemsize >= 4 else None
+        divide = xp.divide
 
         def row_means() -> None:
-            if means is not None:
-                matmul(flat, means, out=mean)
+            if ones is not None:
+                matmul(flat, ones, out=mean)
             else:  # half precision: numpy's pairwise sum, not a half dot
                 copyto(mean, add.reduce(flat, axis=1))
-                multiply(mean, 1 / width, mean)
+            divide(mean, width, mean)
 
         def squares() -> None:
             if vecdot is not None and xp is np:
@@ -499,7 +508,7 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
             row_means()
             subtract(flat, mean_column, centred)
             squares()
-            multiply(inv, 1 / width, inv)
+            divide(inv, width, inv)
             add(inv, epsilon, inv)
             sqrt(inv, inv)
             reciprocal(inv, inv)

@@ -115,6 +115,8 @@ def _softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
         )
 
     def softmax(a: Array, out: Array) -> None:
+        if not a.size:
+            return  # nothing to normalise (and no maximum of nothing)
         if by_rows(a):
             softmax_last_axis(a, out)
             return
