@@ -408,8 +408,8 @@ def bind_erf_float32(
     divide = xp.divide
 
     def erf() -> None:
-        for a, out, x, x2, den in parts:
-            minimum(a, _FOUR32, out=x)
+        for source, target, x, x2, den in parts:
+            minimum(source, _FOUR32, out=x)
             maximum(x, -_FOUR32, out=x)
             multiply(x, x, out=x2)
             multiply(x2, q[0], out=den)
@@ -417,13 +417,13 @@ def bind_erf_float32(
             for c in q[2:]:
                 multiply(den, x2, den)
                 add(den, c, den)
-            multiply(x2, p[0], out)
-            add(out, p[1], out)
+            multiply(x2, p[0], target)
+            add(target, p[1], target)
             for c in p[2:]:
-                multiply(out, x2, out)
-                add(out, c, out)
-            multiply(out, x, out)
-            divide(out, den, out)
+                multiply(target, x2, target)
+                add(target, c, target)
+            multiply(target, x, target)
+            divide(target, den, target)
 
     return erf
 

@@ -23,7 +23,8 @@ and the output comes out through one transposing copy each; the bias add
 rides on the second, and the weights are written into ``B``'s diagonals
 through one strided view every call (parameters may be reloaded). The
 band's zeros multiply every input cell of a row, so an input holding NaN or
-infinity takes the im2col path instead (two reductions a call decide it).
+infinity takes the im2col path instead (an ``isfinite`` pass a call
+decides it).
 """
 
 from __future__ import annotations
