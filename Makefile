@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck bench clean
+.PHONY: run test lint typecheck bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+# On a machine with an NVIDIA GPU and cupy: the cuda tests, the copy matrix,
+# ONNX's node tests on cuda:0 and the models beside ONNX Runtime (no venv:
+# the GPU image's python, with wheels from .whl/ where it lacks a package).
+gpu-check:
+	bash bench/gpu_session.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -96,14 +96,14 @@ for _name, _func, _flops in (
     ("sqrt", "sqrt", None),
     ("tanh", "tanh", _TRANSCENDENTAL),
     ("abs", "absolute", None),
-    ("matmul", "matmul", _matmul_flops),
     ("bias_add", "add", None),  # bias broadcast over the last axis
 ):
     register_for_all_kinds(_name, _ufunc(_func), _flops)
 
 
 def _keyword_out(ufunc: str) -> KernelFactory:
-    """For ufuncs whose positional ``out`` numpy deprecates (max/min)."""
+    """For ufuncs whose positional ``out`` numpy deprecates (max/min) or
+    cupy refuses (its matmul gufunc takes ``out`` by keyword only)."""
 
     def make(xp: ModuleType) -> Callable[..., None]:
         func = getattr(xp, ufunc)
@@ -146,7 +146,7 @@ def _dense(xp: ModuleType) -> Callable[..., None]:
     matmul = xp.matmul
 
     def dense(a: Array, w: Array, out: Array) -> None:
-        matmul(a, w.T, out)  # Relay's nn.dense: weights stored as [units, in]
+        matmul(a, w.T, out=out)  # Relay's nn.dense: weights as [units, in]
 
     return dense
 
@@ -218,6 +218,15 @@ def ones_vector(width: int, dtype: str) -> np.ndarray[Any, Any]:
     return ones
 
 
+def exact_sums(a: Array, axis: int | tuple[int, ...]) -> Array:
+    """``a.sum(axis, keepdims=True)`` rounded once to ``a``'s dtype: half
+    precision is accumulated in float32, as numpy does (cupy's float16
+    sums accumulate in float16 and drift by several ulps from numpy's)."""
+    if a.dtype.itemsize >= 4:
+        return a.sum(axis=axis, keepdims=True)
+    return a.sum(axis=axis, keepdims=True, dtype=np.float32).astype(a.dtype)
+
+
 def _softmax(xp: ModuleType) -> Callable[..., None]:
     def by_rows(a: Array) -> bool:
         return bool(
@@ -230,7 +239,7 @@ def _softmax(xp: ModuleType) -> Callable[..., None]:
             return
         xp.subtract(a, a.max(axis=-1, keepdims=True), out)  # numerically stable
         xp.exp(out, out)
-        xp.divide(out, out.sum(axis=-1, keepdims=True), out)
+        xp.divide(out, exact_sums(out, -1), out)
 
     def bind(a: Array, out: Array) -> Callable[[], None]:
         if by_rows(a):
@@ -262,6 +271,7 @@ def _reduce_sum(xp: ModuleType) -> Callable[..., None]:
 
 
 for _name, _make, _flops in (
+    ("matmul", _keyword_out("matmul"), _matmul_flops),
     ("maximum", _keyword_out("maximum"), None),
     ("minimum", _keyword_out("minimum"), None),
     ("relu", _relu, None),
@@ -482,6 +492,26 @@ def _trunc_divide(xp: ModuleType) -> Callable[..., None]:
     return trunc_divide
 
 
+def _floor_mod(xp: ModuleType) -> Callable[..., None]:
+    """Python's ``%`` (the divisor's sign, as ONNX's Mod without fmod), the
+    same on every array library: cupy's float ``remainder`` differs from
+    numpy's at the edges (``0 % -2`` is ``0.0``, ``-3 % inf`` is NaN)."""
+
+    def mod(a: Array, b: Array, out: Array) -> None:
+        with _quiet(xp):
+            if out.dtype.kind != "f":
+                xp.remainder(a, b, out)
+                return
+            rem = xp.fmod(a, b)
+            # A nonzero remainder with the dividend's sign moves by one
+            # divisor; a zero one takes the divisor's sign.
+            moved = (rem != 0) & (xp.signbit(rem) != xp.signbit(b))
+            rem = xp.where(moved, rem + b, rem)
+            xp.copyto(out, xp.where(rem == 0, xp.copysign(rem, b), rem))
+
+    return mod
+
+
 def _power_cast(xp: ModuleType) -> Callable[..., None]:
     def power_cast(a: Array, b: Array, out: Array) -> None:
         # ONNX's Pow of mixed types: computed in the common type, cast to
@@ -570,7 +600,6 @@ for _name, _func, _flops in (
     ("bitwise_xor", "bitwise_xor", None),
     ("bitwise_not", "invert", None),
     ("fmod", "fmod", None),
-    ("mod", "remainder", None),  # the sign of the divisor, as Python's %
     ("floor_divide", "floor_divide", None),
 ):
     register_for_all_kinds(_name, _quiet_ufunc(_func), _flops)
@@ -583,6 +612,7 @@ for _name, _make, _flops in (
     ("hard_swish", _hard_swish, None),
     ("prelu", _prelu, None),
     ("trunc_divide", _trunc_divide, None),
+    ("mod", _floor_mod, None),
     ("power_cast", _power_cast, _TRANSCENDENTAL),
     ("cast", _cast, None),
     ("where", _where, None),

@@ -7,6 +7,11 @@ completes a point in a stream may drop the last reference to the object that
 owns such an event. That object's finaliser hands the resource to a
 :class:`Graveyard` instead, and the next ordinary thread that calls
 :meth:`Graveyard.drain` destroys it.
+
+A callback thread is known by its OS thread id, not by a ``threading.local``
+mark: the driver's thread enters Python through ``PyGILState_Ensure``, which
+may make a fresh thread state (and so fresh thread-local data) for each
+callback, so a mark left by one callback is gone in the next.
 """
 
 from __future__ import annotations
@@ -19,21 +24,24 @@ __all__ = ("Graveyard",)
 class Graveyard:
     """Resources kept alive until a thread that may destroy them drains them."""
 
-    __slots__ = ("_kept", "_thread")
+    __slots__ = ("_callback_threads", "_kept")
 
     def __init__(self) -> None:
-        self._thread = threading.local()
+        self._callback_threads: frozenset[int] = frozenset()
         self._kept: list[object] = []
 
     def mark_callback_thread(self) -> None:
         """Record that the calling thread runs host callbacks (for good: the
-        driver keeps one thread for them)."""
-        self._thread.is_callback = True
+        driver keeps its threads for them)."""
+        ident = threading.get_ident()
+        if ident not in self._callback_threads:
+            # Copy-on-write: readers on other threads see one set or the other.
+            self._callback_threads = self._callback_threads | {ident}
 
     @property
     def on_callback_thread(self) -> bool:
         """Whether the calling thread was marked as a host-callback thread."""
-        return bool(getattr(self._thread, "is_callback", False))
+        return threading.get_ident() in self._callback_threads
 
     def keep(self, resource: object) -> None:
         """Hold ``resource`` until the next :meth:`drain`."""

@@ -105,12 +105,16 @@ class CUDAStream(Stream):
     def close(self) -> None:
         super().close()
         self.cupy_stream.synchronize()
+        _retired_events.drain()
 
 
 def _set_completion(arg: tuple[Completion, BaseException | None]) -> None:
     _retired_events.mark_callback_thread()
     completion, error = arg
     completion.set(error)
+    # CuPy drops its reference to ``arg`` on this thread when we return; if it
+    # were the last, the completion and its CUDA event would die here.
+    _retired_events.keep(arg)
 
 
 class CUDADeviceAPI(DeviceAPI):

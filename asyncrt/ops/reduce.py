@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._kernels import Bindable
-from .._ops import bind_softmax_last_axis, softmax_last_axis
+from .._ops import bind_softmax_last_axis, exact_sums, softmax_last_axis
 from ._common import Array, choice, flag, integer, ints, opt_ints, quiet
 from ._registry import Attrs, define
 
@@ -59,7 +59,12 @@ def _reduce(xp: ModuleType, attrs: Attrs) -> Kernel:
         with quiet(xp):
             if kind in ("max", "min") and empty:
                 out[...] = _lowest(a.dtype, highest=kind == "min")
-            elif kind in ("max", "min", "sum", "prod", "mean"):
+            elif kind in ("max", "min"):
+                # Not ``out=``: cupy 14's CUB reduction fails on it for min
+                # (a TypeError comparing the output with a dtype); the
+                # result is one small temporary either way.
+                xp.copyto(out, getattr(xp, kind)(a, axis=axis, keepdims=keepdims))
+            elif kind in ("sum", "prod", "mean"):
                 getattr(xp, kind)(a, axis=axis, keepdims=keepdims, out=out)
             elif kind == "l1":
                 xp.sum(xp.abs(a), axis=axis, keepdims=keepdims, out=out)
@@ -123,10 +128,10 @@ def _softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
         with quiet(xp):
             xp.subtract(a, a.max(axis=axes, keepdims=True), out)
             if log:
-                out -= xp.log(xp.exp(out).sum(axis=axes, keepdims=True))
+                out -= xp.log(exact_sums(xp.exp(out), axes))
             else:
                 xp.exp(out, out)
-                xp.divide(out, out.sum(axis=axes, keepdims=True), out)
+                xp.divide(out, exact_sums(out, axes), out)
 
     def bind(a: Array, out: Array) -> Callable[[], None]:
         if by_rows(a):
