@@ -12,7 +12,6 @@ from devices import Stream as Stream
 from devices import device as device
 from devices import list_devices as list_devices
 
-from . import _ops as _ops  # registers the built-in kernels
 from . import debug_executor as debug_executor
 from . import errors as errors
 from . import graph as graph
@@ -23,19 +22,20 @@ from . import profiling as profiling
 from ._devices import cpu as cpu
 from ._devices import cuda as cuda
 from ._devices import sim as sim
-from ._factory import GraphExecutorFactory as GraphExecutorFactory
-from ._factory import build as build
-from ._factory import load_module as load_module
-from ._kernels import Bindable as Bindable
-from ._kernels import Module as Module
-from ._kernels import get_global_func as get_global_func
-from ._kernels import list_global_func_names as list_global_func_names
-from ._kernels import register_func as register_func
-from ._param_dict import load_param_dict as load_param_dict
-from ._param_dict import save_param_dict as save_param_dict
-from ._time_evaluator import BenchmarkResult as BenchmarkResult
-from ._time_evaluator import time_evaluator as time_evaluator
 from .errors import AsyncrtError as AsyncrtError
+from .io._factory import GraphExecutorFactory as GraphExecutorFactory
+from .io._factory import build as build
+from .io._factory import load_module as load_module
+from .io._param_dict import load_param_dict as load_param_dict
+from .io._param_dict import save_param_dict as save_param_dict
+from .ops import _builtin as _builtin  # registers the built-in kernels
+from .ops._kernels import Bindable as Bindable
+from .ops._kernels import Module as Module
+from .ops._kernels import get_global_func as get_global_func
+from .ops._kernels import list_global_func_names as list_global_func_names
+from .ops._kernels import register_func as register_func
+from .tools._time_evaluator import BenchmarkResult as BenchmarkResult
+from .tools._time_evaluator import time_evaluator as time_evaluator
 
 __version__ = "0.1.0"
 

@@ -73,15 +73,15 @@ from scheduler.dispatch import Program
 from scheduler.plan import Launch
 from scheduler.trace import RunTrace, TraceRecorder
 
-from ._context import RunContext
-from ._kernels import Module
-from ._profile import ProfileReport
-from ._time_evaluator import Progress, Schedule, Settings
-from ._timeline import save_chrome_trace
-from ._trace import Trace
 from .errors import ArgumentError, ClosedResourceError, InputError
 from .graph import Graph, load_graph
 from .graph_executor import DeviceSpec, GraphModule, _devices
+from .ops._kernels import Module
+from .runtime._context import RunContext
+from .tools._profile import ProfileReport
+from .tools._time_evaluator import Progress, Schedule, Settings
+from .tools._timeline import save_chrome_trace
+from .tools._trace import Trace
 
 __all__ = ("GraphModuleDebug", "create")
 

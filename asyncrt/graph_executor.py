@@ -74,16 +74,6 @@ from scheduler.plan import Plan
 from scheduler.planner import plan_graph
 from scheduler.split import MIN_BYTES, RowSplit
 
-from . import _benchmark, _blas_choice, _threads
-from ._context import ContextPool, RunContext, context_nbytes
-from ._fusion import Engine, elementwise_predicate, fuse_graph
-from ._host_feed import HostFeed
-from ._kernels import Module, resolve
-from ._params import decode_params
-from ._process import ProcessContext, ProcessProgram
-from ._process_wire import IoLayout, WorkerSpec
-from ._time_evaluator import BenchmarkResult, Progress
-from ._work import annotate_work
 from .errors import (
     ArgumentError,
     BusyError,
@@ -96,6 +86,17 @@ from .errors import (
     WorkerError,
 )
 from .graph import Graph, load_graph, to_dag
+from .io._params import decode_params
+from .ops._fusion import Engine, elementwise_predicate, fuse_graph
+from .ops._kernels import Module, resolve
+from .ops._work import annotate_work
+from .runtime import _blas_choice, _threads
+from .runtime._context import ContextPool, RunContext, context_nbytes
+from .runtime._host_feed import HostFeed
+from .runtime._process import ProcessContext, ProcessProgram
+from .runtime._process_wire import IoLayout, WorkerSpec
+from .tools import _benchmark
+from .tools._time_evaluator import BenchmarkResult, Progress
 
 __all__ = ("GraphModule", "create")
 
@@ -151,7 +152,7 @@ def create(
         read on another device is copied there once, when loaded, instead of
         on every run.
     :param fuse: fuse chains of elementwise nodes into one node each
-        (:mod:`asyncrt._fusion`): ``True`` or ``"numpy"`` runs the members'
+        (:mod:`asyncrt.ops._fusion`): ``True`` or ``"numpy"`` runs the members'
         own kernels block by block (results identical to unfused),
         ``"numexpr"`` evaluates one numexpr expression where it can.
     :param split: with ``max_streams`` of 2 or more, let the planner cut a
@@ -169,11 +170,11 @@ def create(
         (``max(1, cores // cpu streams)``: one run's latency first),
         ``"throughput"`` (``max(1, cores // (cpu streams * max_contexts))``:
         for services with concurrent runs), ``"keep"`` (untouched) or a
-        number (:mod:`asyncrt._threads`). With ``processes``, each worker's
+        number (:mod:`asyncrt.runtime._threads`). With ``processes``, each worker's
         pools get that many threads, and ``"auto"`` means ``"throughput"``
         (the workers run side by side).
     :param processes: run each pooled context (``await run(**inputs)``) in
-        a worker process of its own (:mod:`asyncrt._process`): kernels then
+        a worker process of its own (:mod:`asyncrt.runtime._process`): kernels then
         never hold the event loop's GIL. Kernels come from the global
         registry (``lib`` must be ``None``); the stateful API still runs in
         this process.
@@ -188,7 +189,7 @@ def create(
         busy process of the machine too.
     :param worker_env: environment variables set in each worker process.
     :param worker_blas: the OpenBLAS kernel set the workers load
-        (:mod:`asyncrt._blas_choice`): ``"auto"`` times the graph under
+        (:mod:`asyncrt.runtime._blas_choice`): ``"auto"`` times the graph under
         OpenBLAS's own choice and under its AVX2 set before the first pooled
         run, where numpy's OpenBLAS chose an AVX-512 set, and keeps the
         faster; ``"default"`` keeps OpenBLAS's own choice; any other value
@@ -436,7 +437,7 @@ class GraphModule:
 
     async def _choose_worker_blas(self) -> None:
         """Time the graph in one worker per candidate kernel set and keep
-        the faster (:mod:`asyncrt._blas_choice`); the winning worker becomes
+        the faster (:mod:`asyncrt.runtime._blas_choice`); the winning worker becomes
         the first pooled context."""
         if self._blas_lock is None:
             self._blas_lock = anyio.Lock()

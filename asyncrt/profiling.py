@@ -16,18 +16,18 @@ and ``GraphModule.benchmark``, for use on their own:
 from scheduler.trace import RunTrace as RunTrace
 from scheduler.trace import Span as Span
 
-from ._pictures import save_gantt as save_gantt
-from ._pictures import save_plan_picture as save_plan_picture
-from ._profile import SORT_KEYS as SORT_KEYS
-from ._profile import GroupProfile as GroupProfile
-from ._profile import NodeProfile as NodeProfile
-from ._profile import ProfileReport as ProfileReport
-from ._time_evaluator import BenchmarkResult as BenchmarkResult
-from ._time_evaluator import TimeEvaluator as TimeEvaluator
-from ._time_evaluator import time_evaluator as time_evaluator
-from ._timeline import chrome_trace as chrome_trace
-from ._timeline import save_chrome_trace as save_chrome_trace
-from ._trace import Trace as Trace
+from .tools._pictures import save_gantt as save_gantt
+from .tools._pictures import save_plan_picture as save_plan_picture
+from .tools._profile import SORT_KEYS as SORT_KEYS
+from .tools._profile import GroupProfile as GroupProfile
+from .tools._profile import NodeProfile as NodeProfile
+from .tools._profile import ProfileReport as ProfileReport
+from .tools._time_evaluator import BenchmarkResult as BenchmarkResult
+from .tools._time_evaluator import TimeEvaluator as TimeEvaluator
+from .tools._time_evaluator import time_evaluator as time_evaluator
+from .tools._timeline import chrome_trace as chrome_trace
+from .tools._timeline import save_chrome_trace as save_chrome_trace
+from .tools._trace import Trace as Trace
 
 __all__ = (
     "SORT_KEYS",

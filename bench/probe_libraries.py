@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from asyncrt import _ops
+from asyncrt.ops import _builtin as _ops
 from asyncrt.ops import _im2col
 from asyncrt.ops._registry import lookup
 

@@ -19,13 +19,13 @@ values), so the result is bit-identical.
   device) and the plan already has at least 2 compute streams there (from
   independent branches). Parts only ever use those streams: a split never
   opens a stream, so a chain stays on one, and the executor's kernel pool
-  sizes (BLAS threads per cpu stream, :mod:`asyncrt._threads`) stay what
+  sizes (BLAS threads per cpu stream, :mod:`asyncrt.runtime._threads`) stay what
   they were — a second stream opened for a chain's elementwise nodes would
   halve the BLAS threads of its matrix products;
 * the caller says ``n``'s kernel is elementwise
   (:attr:`RowSplit.elementwise`: the scheduler knows nothing of kernels;
   the executor passes the fusion pass's table of elementwise ops,
-  :func:`asyncrt._fusion.elementwise_predicate`);
+  :func:`asyncrt.ops._fusion.elementwise_predicate`);
 * ``n`` has one output, of at least 2 rows and :attr:`RowSplit.min_bytes`
   bytes;
 * every input has the output's shape (each part reads its own rows of it)

@@ -21,10 +21,10 @@ from scheduler.dag import COPY_FUNC
 from scheduler.plan import Launch, Plan, RecordEvent
 
 from .. import debug_executor, graph_executor
-from .._pictures import save_gantt, save_plan_picture
-from .._time_evaluator import time_evaluator
-from .._timeline import save_chrome_trace
 from ..graph_executor import GraphModule
+from ..tools._pictures import save_gantt, save_plan_picture
+from ..tools._time_evaluator import time_evaluator
+from ..tools._timeline import save_chrome_trace
 from ._console import Output
 from ._models import Model, load_model, make_inputs, pick_devices
 

@@ -26,7 +26,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from .._time_evaluator import Progress as ProgressCallback
+from ..tools._time_evaluator import Progress as ProgressCallback
 
 __all__ = ("Output", "jsonable")
 

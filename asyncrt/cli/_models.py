@@ -19,11 +19,11 @@ import numpy as np
 
 from devices import Device, list_devices, numpy_dtype
 
-from .._factory import load_module
-from .._kernels import Module
-from .._param_dict import load_param_dict
 from ..errors import ArgumentError, DeviceNotFoundError, InputError
 from ..graph import Graph, load_graph
+from ..io._factory import load_module
+from ..io._param_dict import load_param_dict
+from ..ops._kernels import Module
 from ._example import example_graph, example_inputs, example_reference
 
 __all__ = ("Model", "load_model", "make_inputs", "pick_devices")

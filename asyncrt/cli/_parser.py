@@ -6,7 +6,7 @@ import argparse
 
 from scheduler.placement import POLICY_NAMES
 
-from .._profile import SORT_KEYS
+from ..tools._profile import SORT_KEYS
 
 __all__ = ("build_parser",)
 

@@ -33,10 +33,10 @@ from onnx import numpy_helper
 
 from scheduler.dag import TensorSpec
 
-from .._kernels import get_global_func
 from ..errors import GraphError, UnsupportedOpError
 from ..graph import Graph, GraphBuilder, TensorHandle
 from ..ops import OP_ATTRS_ATTR, OP_NAME_ATTR, encode_attrs, lookup, register_op_kernel
+from ..ops._kernels import get_global_func
 from ._names import DEFAULT_DOMAINS, unique_name
 from ._rewrite import Rewritten, rewrite
 from ._rules import NOP, RULES, Call, Folded, NodeContext

@@ -1,7 +1,7 @@
 """Rules for elementwise math, activations, reductions and softmax.
 
 Attribute-free elementwise operators map onto the built-in kernels of
-:mod:`asyncrt._ops` by name (``Add`` -> ``add``), so that passes which know
+:mod:`asyncrt.ops._builtin` by name (``Add`` -> ``add``), so that passes which know
 elementwise kernels by name (fusion) recognise them.
 """
 

@@ -4,7 +4,7 @@ Each op is written once against the array API (``xp`` is numpy on ``cpu``
 and ``sim``, cupy on ``cuda``) and follows TVM's destination-passing
 convention, writing into the planned output arrays (``out=``) wherever the
 array library allows. Attribute-free elementwise kernels (``add``, ``relu``,
-``erf``, ...) are the built-ins of :mod:`asyncrt._ops`; the ops here take
+``erf``, ...) are the built-ins of :mod:`asyncrt.ops._builtin`; the ops here take
 attributes:
 
 * ``nn``: ``conv`` (grouped and depthwise; im2col + matmul), ``max_pool``,

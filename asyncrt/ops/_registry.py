@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from .._kernels import FlopsFunction, get_global_func, register_func
 from ..errors import GraphError
 from ..graph import Graph
+from ._kernels import FlopsFunction, get_global_func, register_func
 
 __all__ = (
     "OP_ATTRS_ATTR",

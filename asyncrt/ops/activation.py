@@ -2,7 +2,7 @@
 linear units, hard sigmoid, thresholds, Gelu, Clip, IsInf.
 
 The attribute-free elementwise functions (``relu``, ``tanh``, ``erf``, ...)
-are built-in kernels of :mod:`asyncrt._ops`, named after the function alone,
+are built-in kernels of :mod:`asyncrt.ops._builtin`, named after the function alone,
 so that passes which recognise elementwise kernels by name see them.
 """
 
@@ -16,9 +16,9 @@ from types import ModuleType
 
 import numpy as np
 
-from .._kernels import Bindable
-from .._ops import SCIPY_SMALL_FLOAT32, make_erf
+from ._builtin import SCIPY_SMALL_FLOAT32, make_erf
 from ._common import Array, choice, flag, number, quiet
+from ._kernels import Bindable
 from ._registry import Attrs, define
 
 __all__ = ()

@@ -8,8 +8,8 @@ from types import ModuleType
 
 from scheduler.dag import TensorSpec
 
-from .._kernels import Bindable
 from ._common import Array, flag, number
+from ._kernels import Bindable
 from ._registry import Attrs, define
 
 __all__ = ()

@@ -23,9 +23,8 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
-from .._kernels import Bindable
-from .._ops import ones_vector
 from . import _common
+from ._builtin import ones_vector
 from ._common import (
     Array,
     add_bias_relu,
@@ -39,6 +38,7 @@ from ._common import (
     quiet,
 )
 from ._im2col import bind_stride1, conv_stride1
+from ._kernels import Bindable
 from ._registry import Attrs, define
 from ._windows import (
     Geometry,

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .._kernels import Bindable
-from .._ops import bind_softmax_last_axis, exact_sums, softmax_last_axis
+from ._builtin import bind_softmax_last_axis, exact_sums, softmax_last_axis
 from ._common import Array, choice, flag, integer, ints, opt_ints, quiet
+from ._kernels import Bindable
 from ._registry import Attrs, define
 
 __all__ = ()

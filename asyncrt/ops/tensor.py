@@ -13,8 +13,8 @@ import functools
 from collections.abc import Callable
 from types import ModuleType
 
-from .._kernels import Bindable
 from ._common import Array, choice, flag, integer, ints, number, quiet
+from ._kernels import Bindable
 from ._registry import Attrs, define
 
 __all__ = ()

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt._ops import _dense, _floor_mod, _keyword_out, exact_sums
+from asyncrt.ops._builtin import _dense, _floor_mod, _keyword_out, exact_sums
 
 
 def _strict_matmul(a: Any, b: Any, /, *, out: Any = None) -> Any:

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import asyncrt._artifact as artifact_module
-from asyncrt._artifact import Artifact, read_artifact, write_artifact
-from asyncrt._params import decode_params, encode_params
+import asyncrt.io._artifact as artifact_module
 from asyncrt.errors import ArtifactError
+from asyncrt.io._artifact import Artifact, read_artifact, write_artifact
+from asyncrt.io._params import decode_params, encode_params
 
 GRAPH = json.dumps({"nodes": [], "arg_nodes": [], "heads": []})
 PARAMS = encode_params({"w": np.arange(4, dtype=np.float32)})
@@ -155,7 +155,7 @@ def test_failed_write_keeps_old_file_and_leaves_no_temp(
     def broken(src: str, dst: str) -> None:
         raise OSError("disk on fire")
 
-    monkeypatch.setattr("asyncrt._artifact.os.replace", broken)
+    monkeypatch.setattr("asyncrt.io._artifact.os.replace", broken)
     with pytest.raises(OSError, match="disk on fire"):
         write_artifact(path, Artifact(GRAPH, b"x", (), (), {}))
     assert path.read_bytes() == before

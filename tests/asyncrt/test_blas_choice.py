@@ -1,5 +1,5 @@
 """The OpenBLAS kernel set of a process-backed executor's workers
-(:mod:`asyncrt._blas_choice`): which sets are candidates, how the timing
+(:mod:`asyncrt.runtime._blas_choice`): which sets are candidates, how the timing
 interleaves and decides, and that the executor starts its workers with the
 chosen set, keeps the winner, and leaves no worker behind."""
 
@@ -12,9 +12,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt import _blas_choice
-from asyncrt._blas_choice import ENV, Timing, candidates, faster, time_interleaved
 from asyncrt.errors import ArgumentError, NodeFailedError
+from asyncrt.runtime import _blas_choice as _blas_choice
+from asyncrt.runtime._blas_choice import (
+    ENV,
+    Timing,
+    candidates,
+    faster,
+    time_interleaved,
+)
 
 from .test_processes import X, check, make, no_leaked_workers, worker_pids
 

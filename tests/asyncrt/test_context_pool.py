@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from asyncrt._context import ContextPool
+from asyncrt.runtime._context import ContextPool
 
 
 class Context:

@@ -34,9 +34,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asyncrt
-from asyncrt import _fusion, _threads, graph_executor
+from asyncrt import graph_executor
 from asyncrt.errors import NodeFailedError
 from asyncrt.graph import Graph, GraphBuilder, TensorHandle
+from asyncrt.ops import _fusion as _fusion
+from asyncrt.runtime import _threads as _threads
 from scheduler.fusion import fuse_elementwise
 
 Interval = tuple[float, float]

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from asyncrt._params import decode_params, encode_params
 from asyncrt.errors import DTypeError, ParamsError
+from asyncrt.io._params import decode_params, encode_params
 from devices._dtype import DTYPES
 
 LIST_MAGIC = 0xF7E58D4F05049CB7

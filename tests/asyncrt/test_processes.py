@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 
 import asyncrt
-import asyncrt._process
+import asyncrt.runtime._process
 from asyncrt import graph_executor
-from asyncrt._process import ProcessContext
 from asyncrt.errors import (
     ArgumentError,
     ClosedResourceError,
@@ -30,6 +29,7 @@ from asyncrt.errors import (
     WorkerError,
 )
 from asyncrt.graph import Graph, GraphBuilder
+from asyncrt.runtime._process import ProcessContext
 
 from ..process_kernels import NAP_SECONDS, NAP_STARTED, TRIGGER
 
@@ -94,7 +94,7 @@ def worker_pids() -> set[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == os.getpid() and b"asyncrt._process_worker" in cmdline:
+        if ppid == os.getpid() and b"asyncrt.runtime._process_worker" in cmdline:
             pids.add(int(entry.name))
     return pids
 
@@ -381,7 +381,7 @@ async def nap_started(mark: Path) -> None:
 async def test_a_worker_that_does_not_drain_is_killed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(asyncrt._process, "EXIT_TIMEOUT", 0.1)
+    monkeypatch.setattr(asyncrt.runtime._process, "EXIT_TIMEOUT", 0.1)
     mark = tmp_path / "napping"
     worker_env = {NAP_STARTED: str(mark)}
     async with make("test_nap_relu", max_contexts=1, worker_env=worker_env) as ex:
@@ -417,7 +417,7 @@ async def test_setting_a_parameter_reaches_the_workers() -> None:
 
 
 def test_the_spec_crosses_as_json_and_params_without_pickles() -> None:
-    from asyncrt._process_wire import IoLayout, WorkerSpec
+    from asyncrt.runtime._process_wire import IoLayout, WorkerSpec
     from devices.sim import SimConfig
 
     spec = WorkerSpec(
@@ -439,8 +439,8 @@ def test_the_spec_crosses_as_json_and_params_without_pickles() -> None:
 
 
 def test_errors_cross_as_data() -> None:
-    from asyncrt._process_wire import decode, decode_error, encode, encode_error
     from asyncrt.errors import InputError, OutOfMemoryError, RemoteError
+    from asyncrt.runtime._process_wire import decode, decode_error, encode, encode_error
 
     class Custom(Exception):
         pass
@@ -462,7 +462,7 @@ def test_errors_cross_as_data() -> None:
 
 
 def test_workers_share_the_cores_by_default() -> None:
-    from asyncrt import _threads
+    from asyncrt.runtime import _threads as _threads
 
     with make(max_contexts=2) as ex:  # kernel_threads="auto"
         assert ex._workers is not None

@@ -12,10 +12,10 @@ import pytest
 
 import asyncrt
 from asyncrt import graph_executor
-from asyncrt._time_evaluator import Settings
 from asyncrt.errors import ArgumentError, InputError
 from asyncrt.graph import GraphBuilder
 from asyncrt.profiling import BenchmarkResult
+from asyncrt.tools._time_evaluator import Settings
 
 
 def test_benchmark_result_statistics() -> None:

@@ -84,7 +84,7 @@ def test_non_finite_numbers_survive_json() -> None:
 
 def test_float32_erf_matches_scipy_within_a_few_ulp() -> None:
     special = pytest.importorskip("scipy.special")
-    from asyncrt._ops import erf_float32
+    from asyncrt.ops._builtin import erf_float32
 
     x = np.concatenate(
         [
@@ -110,7 +110,7 @@ def test_gelu_and_erf_agree_on_both_sides_of_the_small_array_path(
     one-call ufuncs; above it, the rational approximation (float32). Both
     sides match the double-precision definition, non-finite inputs too."""
     special = pytest.importorskip("scipy.special")
-    from asyncrt._ops import SCIPY_SMALL_FLOAT32
+    from asyncrt.ops._builtin import SCIPY_SMALL_FLOAT32
     from asyncrt.ops._registry import lookup
 
     gelu = lookup("gelu").make(np, {"approximate": approximate})
@@ -175,7 +175,7 @@ def test_layer_norm_without_vecdot_matches_with_it() -> None:
 
 
 def erf_float32_of(value: np.float32) -> np.float32:
-    from asyncrt._ops import erf_float32
+    from asyncrt.ops._builtin import erf_float32
 
     out = np.empty(1, np.float32)
     erf_float32(np, np.array([value], np.float32), out)
@@ -210,7 +210,7 @@ def test_last_axis_softmax_matches_the_definition() -> None:
 def test_softmax_with_and_without_the_row_shift(
     scale: float, extra: float | None
 ) -> None:
-    from asyncrt._ops import NO_SHIFT_BOUND
+    from asyncrt.ops._builtin import NO_SHIFT_BOUND
     from asyncrt.ops._registry import lookup
 
     rng = np.random.default_rng(6)
@@ -379,7 +379,7 @@ def test_a_bound_erf_runs_block_by_block_to_the_same_bits(contiguous: bool) -> N
     run on new values."""
     import scipy.special
 
-    from asyncrt._ops import bind_erf_float32, erf_float32
+    from asyncrt.ops._builtin import bind_erf_float32, erf_float32
 
     rng = np.random.default_rng(5)
     base = np.zeros((50, 110), np.float32)

@@ -5,15 +5,15 @@ runs Python (the dispatcher, small numpy calls that do not release it), and
 a loop thread that wants the GIL back then waits up to the interpreter's
 switch interval (5 ms): services see that as event-loop lag. A process-backed
 executor (``create(..., processes=True)``) runs every pooled run context in a
-worker process of its own (:mod:`asyncrt._process_worker`), so the loop's
+worker process of its own (:mod:`asyncrt.runtime._process_worker`), so the loop's
 process only copies inputs in, sends one message, awaits one reply on a
 socket (no thread, no polling) and copies outputs out.
 
 How: a :class:`ProcessContext` owns one worker, one socket pair and one I/O
 block (an anonymous shared mapping, passed to the worker as a file
 descriptor) with a slot per caller-given input and per output
-(:mod:`asyncrt._process_wire`). It looks like an in-process
-:class:`~asyncrt._context.RunContext` to the executor: ``inputs`` and
+(:mod:`asyncrt.runtime._process_wire`). It looks like an in-process
+:class:`~asyncrt.runtime._context.RunContext` to the executor: ``inputs`` and
 ``output()`` are arrays over the block, and ``program.run()`` /
 ``program.stop()`` drive the worker. Cancelling a run sends ``CANCEL`` and
 waits (shielded) for the worker's answer: its in-flight kernels drain
@@ -47,6 +47,7 @@ from devices import NDArray, from_dlpack
 from devices.errors import ClosedResourceError
 from scheduler.dag import Entry
 
+from ..errors import WorkerError
 from ._process_wire import (
     CANCEL,
     CANCELLED,
@@ -60,7 +61,6 @@ from ._process_wire import (
     decode_error,
     encode,
 )
-from .errors import WorkerError
 
 __all__ = ("ProcessContext", "ProcessProgram")
 
@@ -214,7 +214,12 @@ class ProcessContext:
         try:
             fds = (theirs.fileno(), block_fd, spec_fd)
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "asyncrt._process_worker", *map(str, fds)],
+                [
+                    sys.executable,
+                    "-m",
+                    "asyncrt.runtime._process_worker",
+                    *map(str, fds),
+                ],
                 pass_fds=fds,
                 env=_worker_env(env or {}),
                 stdin=subprocess.DEVNULL,

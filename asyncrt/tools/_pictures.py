@@ -23,7 +23,7 @@ from typing import Any
 from scheduler.plan import Plan
 from scheduler.trace import RunTrace
 
-from .errors import ArgumentError, MissingDependencyError, RenderError
+from ..errors import ArgumentError, MissingDependencyError, RenderError
 
 __all__ = ("save_gantt", "save_plan_picture")
 

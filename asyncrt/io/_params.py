@@ -35,7 +35,7 @@ import numpy as np
 
 from devices._dtype import dtype_string, numpy_dtype
 
-from .errors import DTypeError, ParamsError
+from ..errors import DTypeError, ParamsError
 
 __all__ = ("decode_params", "encode_params")
 

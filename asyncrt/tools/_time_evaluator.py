@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 __all__ = (
     "BenchmarkResult",

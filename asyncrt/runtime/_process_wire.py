@@ -1,8 +1,8 @@
 """What travels between an executor and its worker processes.
 
 A process-backed executor (``create(..., processes=True)``) runs each pooled
-run context in a worker process of its own (:mod:`asyncrt._process`,
-:mod:`asyncrt._process_worker`). The two sides share:
+run context in a worker process of its own (:mod:`asyncrt.runtime._process`,
+:mod:`asyncrt.runtime._process_worker`). The two sides share:
 
 * a :class:`WorkerSpec`, sent once when the worker starts: everything it
   needs to build the same executor (graph, parameters, devices, the
@@ -55,8 +55,8 @@ from scheduler.errors import NodeFailedError
 from scheduler.placement import Placement, evaluate
 from scheduler.split import MIN_BYTES
 
-from . import errors as asyncrt_errors
-from ._param_dict import load_param_dict, save_param_dict
+from .. import errors as asyncrt_errors
+from ..io._param_dict import load_param_dict, save_param_dict
 
 __all__ = (
     "CANCEL",

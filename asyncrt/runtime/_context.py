@@ -41,7 +41,7 @@ from scheduler.dag import Entry
 from scheduler.dispatch import Kernel, Program
 from scheduler.plan import Plan
 
-from .errors import ClosedResourceError, OutOfMemoryError
+from ..errors import ClosedResourceError, OutOfMemoryError
 
 __all__ = ("ContextPool", "PooledContext", "RunContext", "context_nbytes")
 

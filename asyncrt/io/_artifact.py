@@ -1,7 +1,7 @@
 """The exported-module artifact: one zip file, three members, no code.
 
 An artifact holds what is needed to rebuild an executor elsewhere: the graph
-JSON text, the params blob (TVM's binary format, see :mod:`asyncrt._params`)
+JSON text, the params blob (TVM's binary format, see :mod:`asyncrt.io._params`)
 and a manifest naming the format, the kernels the graph needs, the device
 kinds it was built for and free-form ``str -> str`` metadata. The file is a
 zip archive (``zipfile``; JSON deflated, params stored) with exactly the
@@ -13,7 +13,7 @@ sizes, compression and CRCs are checked, and every member is read through a
 bounded reader so a header that lies about its size cannot inflate memory.
 Every refusal is an :class:`~asyncrt.errors.ArtifactError` naming the file.
 The params blob itself is only checked when it is decoded
-(:func:`asyncrt._params.decode_params`).
+(:func:`asyncrt.io._params.decode_params`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from .errors import ArtifactError
+from ..errors import ArtifactError
 
 __all__ = (
     "FORMAT_NAME",

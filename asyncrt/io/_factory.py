@@ -10,7 +10,7 @@ code: kernels are found by name when the module is loaded, in the ``lib``
 given to :func:`load_module` and then in the global registry. Kernels of the
 library configured by attributes (:mod:`asyncrt.ops`: convolution, pooling,
 ...) are rebuilt from the op names and attributes their nodes store as data.
-Loading never executes anything from the file (see :mod:`asyncrt._artifact`).
+Loading never executes anything from the file (see :mod:`asyncrt.io._artifact`).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import numpy as np
 from devices import NDArray
 from scheduler.placement import Policy
 
+from ..errors import KernelNotFoundError
+from ..graph import Graph, load_graph
+from ..graph_executor import DeviceSpec, GraphModule, create
+from ..ops import register_graph_kernels
+from ..ops._kernels import Module, resolve
 from ._artifact import Artifact, read_artifact, write_artifact
-from ._kernels import Module, resolve
 from ._param_dict import load_param_dict, save_param_dict
-from .errors import KernelNotFoundError
-from .graph import Graph, load_graph
-from .graph_executor import DeviceSpec, GraphModule, create
-from .ops import register_graph_kernels
 
 __all__ = ("GraphExecutorFactory", "build", "load_module")
 

@@ -12,7 +12,7 @@ its output. Engines, per device kind:
   whole chain runs over it, interior results live in a few block-sized
   scratch buffers made per call (no full-size temporaries), and the last
   member writes its block of ``out``. Nodes with enough work split their
-  blocks over :data:`asyncrt._threads.limits` threads (numpy releases the
+  blocks over :data:`asyncrt.runtime._threads.limits` threads (numpy releases the
   GIL). Results are the unfused ones, bit for bit: the same ufuncs see the
   same values. (numexpr is not the default engine; see the next item.)
 * ``cpu`` and ``sim``, engine ``"numexpr"``: the members' expression
@@ -57,7 +57,7 @@ from devices import Device
 from scheduler.dag import NodeSpec, TensorSpec
 from scheduler.fusion import FusedNode, fuse_elementwise
 
-from . import _threads
+from ..runtime import _threads
 from ._kernels import Kernel, Module, resolve
 
 __all__ = (
@@ -121,7 +121,7 @@ class Elementwise:
         return template.format(*args)
 
 
-#: The fusible ops, by the built-in kernel names of :mod:`asyncrt._ops`.
+#: The fusible ops, by the built-in kernel names of :mod:`asyncrt.ops._builtin`.
 ELEMENTWISE: dict[str, Elementwise] = {
     "add": Elementwise("add", "({0} + {1})", "({0} + {1})"),
     "bias_add": Elementwise("bias_add", "({0} + {1})", "({0} + {1})"),

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from devices import Device
 
+from ..errors import ArgumentError
 from ._time_evaluator import BenchmarkResult, Progress, TimeEvaluator, time_evaluator
-from .errors import ArgumentError
 
 if TYPE_CHECKING:
-    from .graph_executor import GraphModule
+    from ..graph_executor import GraphModule
 
 __all__ = ("abenchmark", "benchmark")
 

@@ -1,7 +1,7 @@
-"""The worker process of a process-backed executor (:mod:`asyncrt._process`).
+"""The worker process of a process-backed executor (:mod:`asyncrt.runtime._process`).
 
-Started as ``python -m asyncrt._process_worker SOCKET BLOCK SPEC`` (three
-file descriptors): it reads its :class:`~asyncrt._process_wire.WorkerSpec`,
+Started as ``python -m asyncrt.runtime._process_worker SOCKET BLOCK SPEC`` (three
+file descriptors): it reads its :class:`~asyncrt.runtime._process_wire.WorkerSpec`,
 builds an ordinary executor from it (one run context: the stateful API),
 maps the I/O block, says ``READY`` and then serves runs one at a time. A
 run copies the inputs out of the block, runs the executor and copies the
@@ -65,7 +65,7 @@ def build(spec: WorkerSpec) -> Any:
     if spec.sim_configs is not None:
         sim.configure(len(spec.sim_configs), spec.sim_configs)
 
-    from . import graph_executor
+    from .. import graph_executor
 
     devices = [Device.parse(d) for d in spec.devices]
     placement = {nid: Device.parse(d) for nid, d in spec.placement.items()}

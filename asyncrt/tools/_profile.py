@@ -26,7 +26,7 @@ from scheduler.dag import Entry
 from scheduler.plan import Launch, Plan
 from scheduler.trace import RunTrace
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 __all__ = ("SORT_KEYS", "GroupProfile", "NodeProfile", "ProfileReport")
 

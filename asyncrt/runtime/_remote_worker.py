@@ -30,8 +30,8 @@ from typing import Any
 
 from devices.remote import RemoteFunction, worker_kind
 
-from ._kernels import Kernel, Module, get_global_func
-from .errors import KernelNotFoundError
+from ..errors import KernelNotFoundError
+from ..ops._kernels import Kernel, Module, get_global_func
 
 __all__ = ("remote_kernel", "run_kernel")
 

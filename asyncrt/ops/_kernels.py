@@ -36,7 +36,7 @@ from typing import Any, TypeVar, overload
 from scheduler.dag import TensorSpec
 from scheduler.dispatch import Bindable
 
-from .errors import KernelNotFoundError
+from ..errors import KernelNotFoundError
 
 __all__ = (
     "ALL_KINDS",
@@ -227,7 +227,7 @@ def resolve(name: str, kind: str, lib: Module | None) -> Kernel | None:
     """``lib`` first, then the global registry (the executor's lookup).
 
     On ``remote`` devices a kernel runs on the worker, looked up there by
-    name: the answer is a reference to it (:mod:`asyncrt._remote_worker`).
+    name: the answer is a reference to it (:mod:`asyncrt.runtime._remote_worker`).
     """
     if lib is not None:
         kernel = lib.find(name, kind)
@@ -235,7 +235,7 @@ def resolve(name: str, kind: str, lib: Module | None) -> Kernel | None:
             return kernel
     kernel = _global.find(name, kind)
     if kernel is None and kind == "remote":
-        from ._remote_worker import remote_kernel
+        from ..runtime._remote_worker import remote_kernel
 
         return remote_kernel(name, lib)
     return kernel
