@@ -113,9 +113,12 @@ class DeviceAPI:
     #: The DLPack device-type code of this kind's memory, if it has one the
     #: host can hand to other libraries (cpu: 1, cuda: 2); ``None`` otherwise.
     dlpack_device_type: ClassVar[int | None] = None
-    #: Whether kernels on this kind receive numpy arrays (cpu, sim) rather
-    #: than another array library's (cupy on cuda).
-    host_arrays: ClassVar[bool] = True
+    #: The array library whose arrays this kind's kernels receive, by module
+    #: name (as CuPy's ``get_array_module`` picks one by the arrays): kernels
+    #: written once against the array API are registered per namespace, and
+    #: a device finds its kernels through this. ``None``: kernels do not run
+    #: in this process (a remote worker runs its own, looked up by name).
+    array_namespace: ClassVar[str | None] = "numpy"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -122,7 +122,7 @@ class CUDADeviceAPI(DeviceAPI):
 
     kind = "cuda"
     dlpack_device_type = DLDeviceType.CUDA
-    host_arrays = False
+    array_namespace = "cupy"
 
     def device_count(self) -> int:
         return _device_count()

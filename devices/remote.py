@@ -112,6 +112,7 @@ class RemoteDeviceAPI(DeviceAPI):
     """The workers of a Dask cluster, ``remote:0`` .. ``remote:N-1``."""
 
     kind = "remote"
+    array_namespace = None
 
     def __init__(self) -> None:
         super().__init__()
