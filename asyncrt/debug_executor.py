@@ -66,6 +66,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+from typing_extensions import Unpack
 
 from devices import Device, NDArray, array
 from scheduler.dag import NOP_FUNC, Entry
@@ -75,9 +76,10 @@ from scheduler.trace import RunTrace, TraceRecorder
 
 from .errors import ArgumentError, ClosedResourceError, InputError
 from .graph import Graph, load_graph
-from .graph_executor import DeviceSpec, GraphModule, _devices
+from .graph_executor import DeviceSpec, GraphModule, Params, parse_devices
 from .ops._kernels import Module
 from .runtime._context import RunContext
+from .runtime._options import ExecutorOptions, OptionOverrides
 from .tools._profile import ProfileReport
 from .tools._time_evaluator import Progress, Schedule, Settings
 from .tools._timeline import save_chrome_trace
@@ -102,7 +104,9 @@ def create(
     dump_root: str | Path | None = None,
     *,
     max_runs: int = 1000,
-    **options: Any,
+    params: Params | None = None,
+    options: ExecutorOptions | None = None,
+    **overrides: Unpack[OptionOverrides],
 ) -> GraphModuleDebug:
     """Create a debug executor (TVM's ``debug_executor.create``).
 
@@ -113,23 +117,23 @@ def create(
         makes a temporary folder on the first dump.
     :param max_runs: how many traced runs :attr:`GraphModuleDebug.trace`
         keeps.
-    :param options: every keyword option of
-        :func:`asyncrt.graph_executor.create` (``max_contexts``, ``policy``,
-        ``max_streams``, ...).
-    :raises ArgumentError: if ``dump_root`` exists and is not a folder, or
-        ``max_runs`` < 1.
+    :param params: as :func:`asyncrt.graph_executor.create`.
+    :param options: as :func:`asyncrt.graph_executor.create`.
+    :param overrides: as :func:`asyncrt.graph_executor.create`.
+    :raises ArgumentError: if ``dump_root`` exists and is not a folder,
+        ``max_runs`` < 1, or an option is unknown or bad.
     :raises GraphError: if the graph is malformed.
     :raises KernelNotFoundError: if a node's kernel is missing for its device.
     :raises PlanError: if the graph cannot be planned on these devices.
     """
-    loaded = graph if isinstance(graph, Graph) else load_graph(graph)
     return GraphModuleDebug(
-        loaded,
+        graph if isinstance(graph, Graph) else load_graph(graph),
         lib,
-        _devices(devices),
+        parse_devices(devices),
+        ExecutorOptions.of(options, **overrides),
+        params=params,
         dump_root=dump_root,
         max_runs=max_runs,
-        **options,
     )
 
 
@@ -146,19 +150,22 @@ class GraphModuleDebug(GraphModule):
         graph: Graph,
         lib: Module | None,
         devices: Sequence[Device],
+        options: ExecutorOptions,
         *,
+        params: Params | None = None,
         dump_root: str | Path | None = None,
         max_runs: int = 1000,
-        **options: Any,
     ) -> None:
         if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
             raise ArgumentError(f"max_runs must be an int >= 1, got {max_runs!r}")
         root = None if dump_root is None else Path(dump_root)
         if root is not None and root.exists() and not root.is_dir():
             raise ArgumentError(f"dump_root {str(root)!r} exists and is not a folder")
-        # Made first: every context the base class makes is traced into it.
+        # Made first: every context the executor makes is traced into it.
         self._recorder = TraceRecorder(max_runs)
-        super().__init__(graph, lib, devices, **options)
+        super().__init__(
+            graph, lib, devices, options, params=params, on_context=self._traced
+        )
         names = {nid: node.name for nid, node in enumerate(graph.nodes)}
         self.trace = Trace(self.plan, names, recorder=self._recorder)
         self._dump_root = root
@@ -170,14 +177,8 @@ class GraphModuleDebug(GraphModule):
             if isinstance(step, Launch) and (step.part is None or not step.part.index)
         }
 
-    def _new_context(self) -> RunContext:
-        context = super()._new_context()
-        try:
-            context.program.set_tracer(self._recorder)
-        except BaseException:
-            context.close()
-            raise
-        return context
+    def _traced(self, context: RunContext) -> None:
+        context.program.set_tracer(self._recorder)
 
     @property
     def dump_root(self) -> Path | None:
@@ -204,9 +205,9 @@ class GraphModuleDebug(GraphModule):
     # -- measuring ---------------------------------------------------------------------
 
     def _own_program(self) -> Program:
-        self._check_open()
-        self._check_not_busy()
-        return self._own_context().program
+        self.core.check_open()
+        self.core.check_not_busy()
+        return self.core.own_context().program
 
     def _restore_tracer(self, program: Program) -> None:
         # A program closed meanwhile (the executor closed) needs no tracer.
@@ -426,7 +427,7 @@ class GraphModuleDebug(GraphModule):
         captured = run.outputs.get(owner)
         if captured is not None:
             return captured
-        return self._own_context().program.arrays[owner].numpy()
+        return self.core.own_context().program.arrays[owner].numpy()
 
     # -- dumping ---------------------------------------------------------------
 

@@ -141,7 +141,7 @@ def profile(ex: Any, feed: dict[str, Any], repeats: int = 20) -> list[dict[str, 
     makes (kernels bound to their arrays where they bind)."""
     ex.set_input(**feed)
     ex.run_sync()  # every tensor written once
-    program = ex._own_context().program
+    program = ex.core.own_context().program
     calls = [
         (launch, fn, args)
         for action in program._actions

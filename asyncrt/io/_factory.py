@@ -21,15 +21,16 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+from typing_extensions import Unpack
 
 from devices import NDArray
-from scheduler.placement import Policy
 
 from ..errors import KernelNotFoundError
 from ..graph import Graph, load_graph
-from ..graph_executor import DeviceSpec, GraphModule, create
+from ..graph_executor import DeviceSpec, GraphModule, check_lib, create
 from ..ops import register_graph_kernels
 from ..ops._kernels import Module, resolve
+from ..runtime._options import ExecutorOptions, OptionOverrides
 from ._artifact import Artifact, read_artifact, write_artifact
 from ._param_dict import load_param_dict, save_param_dict
 
@@ -45,7 +46,8 @@ class GraphExecutorFactory:
     :param metadata: free-form strings saved with the module.
     :param devices: the devices :meth:`create` uses by default (``"cpu"``
         when ``None``).
-    :param policy: the placement policy :meth:`create` uses by default.
+    :param options: the executor options :meth:`create` starts from.
+    :raises ArgumentError: if ``lib`` is not a kernel module.
     :raises GraphError: if a node names a kernel library op with bad
         attributes.
     """
@@ -58,13 +60,13 @@ class GraphExecutorFactory:
         *,
         metadata: Mapping[str, str] | None = None,
         devices: DeviceSpec | None = None,
-        policy: str | Policy = "auto",
+        options: ExecutorOptions | None = None,
     ) -> None:
         register_graph_kernels(graph)
         self.graph = graph
-        self.lib = lib
+        self.lib = check_lib(lib)
         self.devices = devices
-        self.policy = policy
+        self.options = ExecutorOptions.of(options)
         self._params_blob = save_param_dict(params or {})
         self.metadata = MappingProxyType(dict(metadata or {}))
 
@@ -90,14 +92,17 @@ class GraphExecutorFactory:
         self,
         devices: DeviceSpec | None = None,
         *,
-        max_contexts: int = 4,
-        policy: str | Policy | None = None,
+        options: ExecutorOptions | None = None,
+        **overrides: Unpack[OptionOverrides],
     ) -> GraphModule:
         """An executor on ``devices`` with the parameters loaded.
 
         :param devices: the devices; by default those given to :func:`build`,
             else ``"cpu"``.
-        :param policy: the placement policy; by default the build's.
+        :param options: the options to start from; by default the build's.
+        :param overrides: options changed from those (every option of
+            :func:`asyncrt.graph_executor.create`).
+        :raises ArgumentError: for an unknown option or a bad value.
         :raises KernelNotFoundError: if a kernel is missing for its device.
         """
         if devices is None:
@@ -108,9 +113,8 @@ class GraphExecutorFactory:
             self.graph,
             self.lib,
             devices,
-            max_contexts=max_contexts,
             params=self._params_blob,
-            policy=self.policy if policy is None else policy,
+            options=ExecutorOptions.of(options or self.options, **overrides),
         )
 
     def __getitem__(self, name: str) -> Callable[..., GraphModule]:
@@ -142,7 +146,8 @@ def build(
     lib: Module | None = None,
     *,
     devices: DeviceSpec | None = None,
-    policy: str | Policy = "auto",
+    options: ExecutorOptions | None = None,
+    **overrides: Unpack[OptionOverrides],
 ) -> GraphExecutorFactory:
     """Bundle a graph, its parameters and kernels into a factory.
 
@@ -150,11 +155,21 @@ def build(
     library kernels are registered from its nodes' attributes.
 
     :param devices: the devices executors run on by default.
-    :param policy: the placement policy executors use by default.
+    :param options: the executor options executors start from.
+    :param overrides: options changed from those (every option of
+        :func:`asyncrt.graph_executor.create`, validated now).
+    :raises ArgumentError: for a ``lib`` that is not a kernel module (a
+        device goes in ``devices``), an unknown option or a bad value.
     :raises GraphError: if the graph is malformed.
     """
     loaded = graph if isinstance(graph, Graph) else load_graph(graph)
-    return GraphExecutorFactory(loaded, params, lib, devices=devices, policy=policy)
+    return GraphExecutorFactory(
+        loaded,
+        params,
+        lib,
+        devices=devices,
+        options=ExecutorOptions.of(options, **overrides),
+    )
 
 
 def load_module(

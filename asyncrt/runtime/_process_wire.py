@@ -53,7 +53,6 @@ from scheduler import errors as scheduler_errors
 from scheduler.cost import CostModel
 from scheduler.errors import NodeFailedError
 from scheduler.placement import Placement, evaluate
-from scheduler.split import MIN_BYTES
 
 from .. import errors as asyncrt_errors
 from ..io._param_dict import load_param_dict, save_param_dict
@@ -176,12 +175,9 @@ class WorkerSpec:
     :ivar devices: the devices, host-facing first, as strings.
     :ivar placement: the parent plan's device of every node (as strings),
         so the worker's plan places every node where the parent's does.
-    :ivar max_streams: compute streams per device.
-    :ivar fuse: the fusion setting.
-    :ivar split: whether the planner may split elementwise nodes into rows.
-    :ivar split_min_bytes: the smallest output it splits.
-    :ivar kernel_threads: the worker's kernel pool threads (a number, or
-        ``"keep"``).
+    :ivar options: the worker's executor options, as JSON-able fields of
+        :class:`~asyncrt.runtime._options.ExecutorOptions`
+        (:meth:`~asyncrt.runtime._options.ExecutorOptions.for_worker`).
     :ivar imports: modules the worker imports first (where user kernels
         register themselves).
     :ivar layout: the I/O block's layout.
@@ -194,15 +190,11 @@ class WorkerSpec:
     params: Mapping[str, np.ndarray[Any, Any]]
     devices: tuple[str, ...]
     placement: Mapping[int, str]
-    max_streams: int
-    fuse: bool | str
-    kernel_threads: int | str
+    options: Mapping[str, Any]
     imports: tuple[str, ...]
     layout: IoLayout
     nice: int = 0
     sim_configs: tuple[SimConfig, ...] | None = None
-    split: bool = True
-    split_min_bytes: int = MIN_BYTES
 
     def to_bytes(self) -> bytes:
         """The spec as a JSON header (its length first, 8 bytes) and the
@@ -211,11 +203,7 @@ class WorkerSpec:
             "graph": self.graph,
             "devices": list(self.devices),
             "placement": {str(nid): dev for nid, dev in self.placement.items()},
-            "max_streams": self.max_streams,
-            "fuse": self.fuse,
-            "split": self.split,
-            "split_min_bytes": self.split_min_bytes,
-            "kernel_threads": self.kernel_threads,
+            "options": dict(self.options),
             "imports": list(self.imports),
             "layout": {
                 "inputs": [dataclasses.astuple(slot) for slot in self.layout.inputs],
@@ -247,9 +235,7 @@ class WorkerSpec:
             params={name: array.numpy() for name, array in params.items()},
             devices=tuple(header["devices"]),
             placement={int(nid): dev for nid, dev in header["placement"].items()},
-            max_streams=header["max_streams"],
-            fuse=header["fuse"],
-            kernel_threads=header["kernel_threads"],
+            options=header["options"],
             imports=tuple(header["imports"]),
             layout=IoLayout(
                 slots(layout["inputs"]), slots(layout["outputs"]), layout["nbytes"]
@@ -258,8 +244,6 @@ class WorkerSpec:
             sim_configs=None
             if configs is None
             else tuple(SimConfig(**config) for config in configs),
-            split=header["split"],
-            split_min_bytes=header["split_min_bytes"],
         )
 
 

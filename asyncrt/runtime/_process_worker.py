@@ -66,21 +66,15 @@ def build(spec: WorkerSpec) -> Any:
         sim.configure(len(spec.sim_configs), spec.sim_configs)
 
     from .. import graph_executor
+    from ._options import ExecutorOptions
 
     devices = [Device.parse(d) for d in spec.devices]
     placement = {nid: Device.parse(d) for nid, d in spec.placement.items()}
+    options = ExecutorOptions.of(
+        max_contexts=1, policy=Given(placement), **spec.options
+    )
     return graph_executor.create(
-        spec.graph,
-        None,
-        devices,
-        max_contexts=1,
-        policy=Given(placement),
-        max_streams=spec.max_streams,
-        params=dict(spec.params),
-        fuse=spec.fuse,  # type: ignore[arg-type]
-        split=spec.split,
-        split_min_bytes=spec.split_min_bytes,
-        kernel_threads=spec.kernel_threads,
+        spec.graph, None, devices, params=dict(spec.params), options=options
     )
 
 
@@ -95,7 +89,7 @@ class Worker:
 
     def serve(self) -> None:
         """Answer messages until ``EXIT`` or the parent goes away."""
-        if self.executor._own_context().program.needs_event_loop:
+        if self.executor.core.own_context().program.needs_event_loop:
             anyio.run(self.serve_async)
             return
         self._running = 0  # the run the main thread is in, 0 between runs
@@ -135,7 +129,7 @@ class Worker:
         as it starts, so they are raised again until it ends) or runs."""
         self._cancelled = max(self._cancelled, run)
         while run and self._running == run:
-            self.executor._stop_own_run()
+            self.executor.core.stop_own_run()
             time.sleep(0.001)
 
     def _run_sync(self, run: int) -> tuple[str, int, Any]:

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import asyncrt
 from asyncrt import graph_executor
 from asyncrt.errors import (
+    ArgumentError,
     BusyError,
     InputError,
     NodeFailedError,
@@ -178,9 +179,9 @@ async def test_memory_budget_bounds_the_pool(
 
 
 def test_bad_pool_settings() -> None:
-    with pytest.raises(ValueError, match="limit must be >= 1"):
+    with pytest.raises(ArgumentError, match="max_contexts must be an int >= 1"):
         make(max_contexts=0)
-    with pytest.raises(ValueError, match="budget must be >= 0"):
+    with pytest.raises(ArgumentError, match="memory_budget must be an int >= 0"):
         make(memory_budget=-1)
 
 

@@ -161,7 +161,7 @@ def test_missing_kernel_is_a_build_time_error() -> None:
     x = b.input("x", shape=(2,), dtype="float32")
     b.output(b.op("no_such_op", x, shape=(2,), dtype="float32", name="mystery"))
     with pytest.raises(
-        KernelNotFoundError, match="'mystery' needs 'no_such_op' on cpu"
+        KernelNotFoundError, match="not found on cpu:0: 'no_such_op' for node 'mystery'"
     ):
         graph_executor.create(b.build())
 

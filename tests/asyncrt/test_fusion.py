@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 import asyncrt
 from asyncrt import graph_executor
-from asyncrt.errors import NodeFailedError
+from asyncrt.errors import ArgumentError, NodeFailedError
 from asyncrt.graph import Graph, GraphBuilder, TensorHandle
 from asyncrt.ops import _fusion as _fusion
 from asyncrt.runtime import _threads as _threads
@@ -204,7 +204,7 @@ def test_fused_node_names_its_members() -> None:
     with graph_executor.create(chain_graph(), fuse=True, params=CHAIN_PARAMS) as ex:
         (launch,) = ex.plan.launches()
         assert launch.name == "fused_mul_tanh_exp_sqrt"
-        spec = ex._dag.nodes[launch.nid]["spec"]
+        spec = ex.core.compiled.dag.nodes[launch.nid]["spec"]
         assert json.loads(spec.attrs["fused_nodes"]) == ["m", "t", "e", "s"]
 
 
@@ -242,7 +242,7 @@ def test_without_numexpr_the_numpy_engine_runs(monkeypatch: pytest.MonkeyPatch) 
         chain_graph(), fuse="numexpr", params=CHAIN_PARAMS
     ) as ex:
         (launch,) = ex.plan.launches()
-        assert isinstance(ex._kernels[launch.nid], _fusion.ProgramKernel)
+        assert isinstance(ex.core.compiled.kernels[launch.nid], _fusion.ProgramKernel)
         got = ex.run_sync(x=x)
     assert expected is not None and got is not None
     np.testing.assert_array_equal(got[0].numpy(), expected[0].numpy())
@@ -277,7 +277,7 @@ def test_sim_sees_the_members_work() -> None:
 
 
 def test_unknown_device_kind_or_engine() -> None:
-    with pytest.raises(ValueError, match="engine"):
+    with pytest.raises(ArgumentError, match="fuse must be True, False or one of"):
         graph_executor.create(chain_graph(), fuse="numba")  # type: ignore[arg-type]
 
 
@@ -331,9 +331,9 @@ def test_limits_apply_once_and_restore() -> None:
 def test_executor_takes_and_returns_a_lease() -> None:
     with graph_executor.create(chain_graph(), kernel_threads=1) as ex:
         assert _threads.limits.threads == 1
-        assert ex._thread_lease is not None
+        assert ex.core.thread_lease is not None
     with graph_executor.create(chain_graph(), kernel_threads="keep") as ex:
-        assert ex._thread_lease is None
+        assert ex.core.thread_lease is None
     with pytest.raises(ValueError, match="kernel_threads"):
         graph_executor.create(chain_graph(), kernel_threads="many")
 
@@ -347,8 +347,8 @@ def test_lease_counts_the_cpu_streams_that_run_kernels() -> None:
     graph = b.build()
     with graph_executor.create(graph, max_streams=2) as ex:
         assert _threads.cpu_streams(ex.plan) == 2
-        assert ex._thread_lease is not None
-        assert ex._thread_lease.threads == _threads.policy_threads(2)
+        assert ex.core.thread_lease is not None
+        assert ex.core.thread_lease.threads == _threads.policy_threads(2)
     # fused into one node: one stream has work, so the pools keep every core
     with graph_executor.create(chain_graph(), max_streams=2, fuse=True) as ex:
         assert _threads.cpu_streams(ex.plan) == 1
@@ -359,12 +359,12 @@ def test_throughput_policy_counts_concurrent_runs() -> None:
     with graph_executor.create(
         chain_graph(), max_contexts=3, kernel_threads="throughput"
     ) as ex:
-        assert ex._thread_lease is not None
-        assert ex._thread_lease.threads == _threads.policy_threads(3)
-        assert ex._thread_lease.threads == max(1, cores // 3)
+        assert ex.core.thread_lease is not None
+        assert ex.core.thread_lease.threads == _threads.policy_threads(3)
+        assert ex.core.thread_lease.threads == max(1, cores // 3)
     with graph_executor.create(chain_graph(), max_contexts=3) as ex:
-        assert ex._thread_lease is not None
-        assert ex._thread_lease.threads == cores  # "auto": one run's latency
+        assert ex.core.thread_lease is not None
+        assert ex.core.thread_lease.threads == cores  # "auto": one run's latency
     lease = _threads.lease_for(2, "throughput", concurrent_runs=2)
     assert lease is not None
     try:

@@ -425,9 +425,7 @@ def test_the_spec_crosses_as_json_and_params_without_pickles() -> None:
         params={"c": C},
         devices=("cpu:0", "sim:1"),
         placement={0: "cpu:0", 3: "sim:1"},
-        max_streams=2,
-        fuse="numpy",
-        kernel_threads=1,
+        options={"max_streams": 2, "fuse": "numpy", "kernel_threads": 1},
         imports=KERNELS,
         layout=IoLayout.of({"x": ((N,), "float32")}, [((N,), "float32")] * 2),
         nice=5,
@@ -464,10 +462,14 @@ def test_errors_cross_as_data() -> None:
 def test_workers_share_the_cores_by_default() -> None:
     from asyncrt.runtime import _threads as _threads
 
+    from asyncrt.runtime._backends import WorkerProcesses
+
     with make(max_contexts=2) as ex:  # kernel_threads="auto"
-        assert ex._workers is not None
-        spec = ex._workers.spec(ex)
-        assert spec.kernel_threads == max(1, _threads.available_cores() // 2)
+        backend = ex.core.backend
+        assert isinstance(backend, WorkerProcesses)
+        spec = backend.worker_spec(ex.core.compiled, ex.core.parameters)
+        threads = max(1, _threads.available_cores() // 2)
+        assert spec.options["kernel_threads"] == threads
 
 
 @pytest.mark.anyio

@@ -22,8 +22,8 @@ import pytest
 from asyncrt import Module, graph_executor
 from asyncrt.errors import (
     DeviceLostError,
+    KernelNotFoundError,
     NodeFailedError,
-    PlanError,
     RemoteError,
 )
 from asyncrt.graph import Graph, GraphBuilder
@@ -164,7 +164,10 @@ def test_kernels_only_a_lib_provides_stay_local(conn: remote.Connection) -> None
         np.tanh(x, out)
 
     lib = Module({"private_tanh": private_tanh}, kinds=("cpu",))
-    with pytest.raises(PlanError, match=r"mid_b.*remote:1.*no kernel"):
+    with pytest.raises(
+        KernelNotFoundError,
+        match=r"'private_tanh' for node 'mid_b' \(pinned to remote:1\)",
+    ):
         graph_executor.create(split_graph(middle="private_tanh"), lib, [CPU, R0, R1])
     graph = split_graph(middle="private_tanh", middle_device="cpu:0")
     with graph_executor.create(graph, lib, [CPU, R0, R1]) as ex:
