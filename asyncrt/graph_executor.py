@@ -87,6 +87,7 @@ from .errors import (
 )
 from .graph import Graph, load_graph, to_dag
 from .io._params import decode_params
+from .ops import register_graph_kernels
 from .ops._fusion import Engine, elementwise_predicate, fuse_graph
 from .ops._kernels import Module, resolve
 from .ops._work import annotate_work
@@ -273,6 +274,7 @@ class GraphModule:
                 "worker_imports"
             )
         self.graph = graph
+        register_graph_kernels(graph)  # in any process that loads the graph
         values = (
             decode_params(params) if isinstance(params, (bytes, bytearray)) else params
         )
