@@ -32,8 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from asyncrt.ops import _builtin as _ops
-from asyncrt.ops import _im2col
-from asyncrt.ops._registry import lookup
+from asyncrt.ops import _im2col, lookup
 
 
 def best_us(fn: Callable[[], Any], number: int = 100) -> float:

@@ -36,7 +36,7 @@ from scheduler.dag import TensorSpec
 from ..errors import GraphError, UnsupportedOpError
 from ..graph import Graph, GraphBuilder, TensorHandle
 from ..ops import OP_ATTRS_ATTR, OP_NAME_ATTR, encode_attrs, lookup, register_op_kernel
-from ..ops._kernels import get_global_func
+from ..ops._kernels import global_namespace_func
 from ._names import DEFAULT_DOMAINS, unique_name
 from ._rewrite import Rewritten, rewrite
 from ._rules import NOP, RULES, Call, Folded, NodeContext
@@ -431,7 +431,7 @@ class _Importer:
 def _host_kernel(context: NodeContext, call: Call) -> Callable[..., Any]:
     """The numpy kernel of ``call``, to fold it at import time."""
     if call.attrs is None:
-        kernel = get_global_func(call.func, "cpu", allow_missing=True)
+        kernel = global_namespace_func(call.func, "numpy")
         if kernel is None:
             raise context.unsupported(f"no kernel {call.func!r}")
         return kernel

@@ -1,54 +1,104 @@
-"""The kernel library: ops configured by attributes, for every device kind.
+"""The kernel library: every op asyncrt runs, one record per op.
 
-Each op is written once against the array API (``xp`` is numpy on ``cpu``
-and ``sim``, cupy on ``cuda``) and follows TVM's destination-passing
-convention, writing into the planned output arrays (``out=``) wherever the
-array library allows. Attribute-free elementwise kernels (``add``, ``relu``,
-``erf``, ...) are the built-ins of :mod:`asyncrt.ops._builtin`; the ops here take
-attributes:
+Layout:
 
-* ``nn``: ``conv`` (grouped and depthwise; im2col + matmul), ``max_pool``,
-  ``avg_pool``, ``global_avg_pool``, ``global_max_pool``, ``batch_norm``,
-  ``instance_norm``, ``layer_norm``, ``lrn``;
-* ``reduce``: ``reduce`` (sum, mean, max, min, prod, l1, l2, log_sum,
-  log_sum_exp, sum_square), ``arg_reduce``, ``softmax`` (and log-softmax),
-  ``hardmax``, ``cumsum``, ``topk``;
-* ``tensor``: ``transpose``, ``concat``, ``split``, ``slice``, ``gather``,
-  ``gather_elements``, ``pad``, ``tile``, ``depth_to_space``,
-  ``space_to_depth``, ``trilu``, ``broadcast``, ``einsum``;
-* ``activation``: ``leaky_relu``, ``elu`` (and Selu), ``celu``,
-  ``hard_sigmoid``, ``thresholded_relu``, ``shrink``, ``gelu``, ``clip``,
-  ``isinf``;
-* ``linalg``: ``gemm``.
+* :mod:`~asyncrt.ops._library`: the table. One :class:`OpDef` per op: its
+  kernel factory, its work estimate (``flops``) and its fusion template;
+  :func:`lookup` (configured ops), :func:`lookup_builtin`, and the
+  registration of the kernels a graph configures
+  (:func:`register_graph_kernels`).
+* :mod:`~asyncrt.ops._kernels`: kernels by name (``register_func``,
+  ``get_global_func``, ``Module``: TVM's API), per array namespace or per
+  device kind, and the executor's lookup.
+* The ops, by family: :mod:`~asyncrt.ops._builtin` (ops without attributes:
+  elementwise math, comparisons, logic, ``matmul``, ``dense``, ``softmax``,
+  ``sum``, ``cast``, ``where``, ...), ``nn`` (``conv``, pools, norms,
+  ``lrn``), ``reduce`` (``reduce``, ``arg_reduce``, ``softmax``,
+  ``hardmax``, ``cumsum``, ``topk``), ``tensor`` (``transpose``,
+  ``concat``, ``split``, ``slice``, ``gather``, ``pad``, ``einsum``, ...),
+  ``activation`` (``leaky_relu``, ``elu``, ``gelu``, ``clip``, ...) and
+  ``linalg`` (``gemm``); their shared helpers in ``_common``, ``_im2col``,
+  ``_banded`` and ``_windows``.
+* :mod:`~asyncrt.ops._fusion`: fused elementwise kernels, built from the
+  ops' fusion templates; :mod:`~asyncrt.ops._work`: each node's work.
 
-A graph node names its op and attributes as data (see
-:mod:`asyncrt.ops._registry`); :func:`register_graph_kernels` registers the
-kernels a graph needs, so graphs loaded from files run without executing
-anything from them.
+Kernels are written once against the array namespace ``xp`` they are given
+(numpy or cupy, which share the numpy API) and follow TVM's
+destination-passing convention: ``kernel(*inputs, *outputs)`` writes each
+output in place (``out=`` wherever the array library allows) and returns
+nothing. A device finds its kernels through its API's
+``array_namespace``, so a new device kind whose arrays are numpy arrays
+runs every op here with no change to this package.
+
+Adding an op is one decorated factory in the module of its family (or a
+new module imported below):
+
+* without attributes, a factory of ``xp``; its kernel is named after the op::
+
+      @builtin("softsign", fusion=FusionTemplate("softsign"))
+      def _softsign(xp: ModuleType) -> Kernel:
+          def softsign(a: Array, out: Array) -> None:
+              xp.absolute(a, out)
+              xp.add(out, 1, out)
+              xp.divide(a, out, out)
+
+          return softsign
+
+* configured by attributes, a factory of ``xp`` and the attributes (JSON
+  values, read with the checked helpers of ``_common``); a graph node names
+  the op and its attributes as data, and its kernel is ``<op>.<digest>``::
+
+      @define("leaky_relu")
+      def _leaky_relu(xp: ModuleType, attrs: Attrs) -> Kernel:
+          alpha = number(attrs, "alpha")
+
+          def leaky_relu(a: Array, out: Array) -> None:
+              ...
+
+          return leaky_relu
+
+``flops=`` gives the work from the tensors' specs where it is not one
+operation per output element; ``fusion=`` (elementwise ops only) lets the
+op join fused kernels. A kernel whose per-array work (views, scratch) is
+worth doing once returns :class:`~asyncrt.Bindable`. The ONNX frontend maps
+ONNX ops to these names (:mod:`asyncrt.frontend`).
 """
 
+from . import _builtin as _builtin
 from . import activation as activation
 from . import linalg as linalg
 from . import nn as nn
 from . import reduce as reduce
 from . import tensor as tensor
-from ._registry import OP_ATTRS_ATTR as OP_ATTRS_ATTR
-from ._registry import OP_NAME_ATTR as OP_NAME_ATTR
-from ._registry import OpDef as OpDef
-from ._registry import encode_attrs as encode_attrs
-from ._registry import kernel_name as kernel_name
-from ._registry import lookup as lookup
-from ._registry import op_names as op_names
-from ._registry import register_graph_kernels as register_graph_kernels
-from ._registry import register_op_kernel as register_op_kernel
+from ._library import OP_ATTRS_ATTR as OP_ATTRS_ATTR
+from ._library import OP_NAME_ATTR as OP_NAME_ATTR
+from ._library import FusionTemplate as FusionTemplate
+from ._library import OpDef as OpDef
+from ._library import builtin as builtin
+from ._library import builtin_names as builtin_names
+from ._library import define as define
+from ._library import encode_attrs as encode_attrs
+from ._library import fusion_template as fusion_template
+from ._library import kernel_name as kernel_name
+from ._library import lookup as lookup
+from ._library import lookup_builtin as lookup_builtin
+from ._library import op_names as op_names
+from ._library import register_graph_kernels as register_graph_kernels
+from ._library import register_op_kernel as register_op_kernel
 
 __all__ = (
     "OP_ATTRS_ATTR",
     "OP_NAME_ATTR",
+    "FusionTemplate",
     "OpDef",
+    "builtin",
+    "builtin_names",
+    "define",
     "encode_attrs",
+    "fusion_template",
     "kernel_name",
     "lookup",
+    "lookup_builtin",
     "op_names",
     "register_graph_kernels",
     "register_op_kernel",

@@ -1,19 +1,19 @@
-"""Built-in kernels, registered globally for every device kind.
+"""Built-in ops: the kernels without attributes, named by the op alone.
 
-Each kernel is written once, as a function of the array library ``xp``
-(numpy or cupy, which share the numpy API), and bound per device kind at
-registration: numpy for ``cpu`` and ``sim``, cupy for ``cuda`` (imported on
-the kernel's first call, so a numpy-only install never imports it).
-Elementwise kernels *are* the library's ufuncs: a ufunc takes its output
-positionally (``np.add(a, b, out)``), which is exactly TVM's
-destination-passing convention, so such a kernel costs one C call and no
-temporaries.
+Each op is one record of the library (:func:`~asyncrt.ops._library.builtin`):
+its kernel factory ``make(xp)``, written once against the array namespace
+``xp`` (numpy or cupy, which share the numpy API), its work estimate and,
+for elementwise ops, its fusion template. Elementwise kernels *are* the
+library's ufuncs: a ufunc takes its output positionally (``np.add(a, b,
+out)``), which is exactly TVM's destination-passing convention, so such a
+kernel costs one C call and no temporaries.
 
 Names follow the ONNX/Relay spelling in lower case (``add``, ``relu``,
 ``matmul``, ...). This set covers elementwise math (arithmetic,
 transcendental and activation functions, comparisons, logic), matmul, bias,
 softmax, reductions and copies; ops configured by attributes (convolution,
-pooling, normalisation, shape ops) live in :mod:`asyncrt.ops`.
+pooling, normalisation, shape ops) are the other modules of
+:mod:`asyncrt.ops`.
 """
 
 from __future__ import annotations
@@ -30,36 +30,13 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
-from ._kernels import Bindable, FlopsFunction, register_func
+from ._kernels import Bindable, FlopsFunction
+from ._library import FusionTemplate, builtin
 
-__all__ = ("register_for_all_kinds",)
+__all__ = ()
 
 Array = Any
 KernelFactory = Callable[[ModuleType], Callable[..., None]]
-
-
-class _CupyKernel:
-    """A cuda kernel built from its factory on first call (imports cupy)."""
-
-    __slots__ = ("_kernel", "_make")
-
-    def __init__(self, make: KernelFactory) -> None:
-        self._make = make
-        self._kernel: Callable[..., None] | None = None
-
-    def __call__(self, *args: Array) -> None:
-        kernel = self._kernel
-        if kernel is None:
-            kernel = self._kernel = self._make(importlib.import_module("cupy"))
-        kernel(*args)
-
-
-def register_for_all_kinds(
-    name: str, make: KernelFactory, flops: FlopsFunction | None = None
-) -> None:
-    """Register ``make(numpy)`` for cpu and sim, ``make(cupy)`` for cuda."""
-    register_func(name, make(np), kinds=("cpu", "sim"), flops=flops)
-    register_func(name, _CupyKernel(make), kinds=("cuda",), flops=flops)
 
 
 def _matmul_flops(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]) -> float:
@@ -76,7 +53,7 @@ def _ufunc(ufunc: str) -> KernelFactory:
     return lambda xp: getattr(xp, ufunc)
 
 
-# A transcendental function's work per element, in the units of the cpu's
+# A transcendental function's work per element, in the units of the host's
 # ``flops`` (float32 matmul throughput): numpy's float32 exp takes about as
 # long as 150 matmul FLOPs, log 175, tanh 250 (measured on AVX2 and AVX-512
 # hosts alike: both scale with the vector width). One figure for all of them
@@ -84,21 +61,50 @@ def _ufunc(ufunc: str) -> KernelFactory:
 # planner think them 7-12x cheaper than they run.
 _TRANSCENDENTAL = _per_element(150.0)
 
-for _name, _func, _flops in (
-    ("add", "add", None),
-    ("subtract", "subtract", None),
-    ("multiply", "multiply", None),
-    ("divide", "divide", None),
-    ("power", "power", _TRANSCENDENTAL),
-    ("negative", "negative", None),
-    ("exp", "exp", _TRANSCENDENTAL),
-    ("log", "log", _TRANSCENDENTAL),
-    ("sqrt", "sqrt", None),
-    ("tanh", "tanh", _TRANSCENDENTAL),
-    ("abs", "absolute", None),
-    ("bias_add", "add", None),  # bias broadcast over the last axis
+
+def _infix(label: str, operator: str) -> FusionTemplate:
+    """A binary operator, spelt the same in numexpr and CUDA C."""
+    return FusionTemplate(
+        label, f"({{0}} {operator} {{1}})", f"({{0}} {operator} {{1}})"
+    )
+
+
+def _function(name: str, cuda_c: str | None = None) -> FusionTemplate:
+    """A function of one argument, ``name(x)`` (``cuda_c(x)`` in CUDA C)."""
+    return FusionTemplate(name, f"{name}({{0}})", f"{cuda_c or name}({{0}})")
+
+
+def _numpy_only(label: str) -> FusionTemplate:
+    """Elementwise, but without templates: fused by the ``"numpy"`` engine
+    only (NaN rules, rounding modes or domain handling differ elsewhere)."""
+    return FusionTemplate(label)
+
+
+_fusion: FusionTemplate | None
+_flops: FlopsFunction | None
+
+# Ops that are a ufunc of the array namespace: name, ufunc, work, fusion.
+for _name, _func, _flops, _fusion in (
+    ("add", "add", None, _infix("add", "+")),
+    ("subtract", "subtract", None, _infix("sub", "-")),
+    ("multiply", "multiply", None, _infix("mul", "*")),
+    ("divide", "divide", None, _infix("div", "/")),
+    (
+        "power",
+        "power",
+        _TRANSCENDENTAL,
+        FusionTemplate("pow", "({0} ** {1})", "pow({0}, {1})"),
+    ),
+    ("negative", "negative", None, FusionTemplate("neg", "(-{0})", "(-{0})")),
+    ("exp", "exp", _TRANSCENDENTAL, _function("exp")),
+    ("log", "log", _TRANSCENDENTAL, _function("log")),
+    ("sqrt", "sqrt", None, _function("sqrt")),
+    ("tanh", "tanh", _TRANSCENDENTAL, _function("tanh")),
+    ("abs", "absolute", None, _function("abs", cuda_c="fabs")),
+    # bias broadcast over the last axis
+    ("bias_add", "add", None, _infix("bias_add", "+")),
 ):
-    register_for_all_kinds(_name, _ufunc(_func), _flops)
+    builtin(_name, flops=_flops, fusion=_fusion)(_ufunc(_func))
 
 
 def _keyword_out(ufunc: str) -> KernelFactory:
@@ -116,6 +122,15 @@ def _keyword_out(ufunc: str) -> KernelFactory:
     return make
 
 
+@builtin(
+    "relu",
+    fusion=FusionTemplate(
+        "relu",
+        # x < 0 is false for NaN, so NaN propagates as through np.maximum(x, 0)
+        "where({0} < 0, 0, {0})",
+        "({0} < (T)0 ? (T)0 : {0})",
+    ),
+)
 def _relu(xp: ModuleType) -> Callable[..., None]:
     maximum = xp.maximum
 
@@ -125,6 +140,13 @@ def _relu(xp: ModuleType) -> Callable[..., None]:
     return relu
 
 
+@builtin(
+    "sigmoid",
+    flops=_TRANSCENDENTAL,
+    fusion=FusionTemplate(
+        "sigmoid", "(1 / (1 + exp(-{0})))", "((T)1 / ((T)1 + exp(-{0})))"
+    ),
+)
 def _sigmoid(xp: ModuleType) -> Callable[..., None]:
     def sigmoid(a: Array, out: Array) -> None:
         xp.negative(a, out)
@@ -135,6 +157,7 @@ def _sigmoid(xp: ModuleType) -> Callable[..., None]:
     return sigmoid
 
 
+@builtin("copy", fusion=FusionTemplate("copy", "{0}", "{0}"))
 def _copy(xp: ModuleType) -> Callable[..., None]:
     def copy(a: Array, out: Array) -> None:
         out[...] = a
@@ -142,6 +165,7 @@ def _copy(xp: ModuleType) -> Callable[..., None]:
     return copy
 
 
+@builtin("dense", flops=_matmul_flops)
 def _dense(xp: ModuleType) -> Callable[..., None]:
     matmul = xp.matmul
 
@@ -227,6 +251,7 @@ def exact_sums(a: Array, axis: int | tuple[int, ...]) -> Array:
     return a.sum(axis=axis, keepdims=True, dtype=np.float32).astype(a.dtype)
 
 
+@builtin("softmax", flops=_TRANSCENDENTAL)
 def _softmax(xp: ModuleType) -> Callable[..., None]:
     def by_rows(a: Array) -> bool:
         return bool(
@@ -249,6 +274,7 @@ def _softmax(xp: ModuleType) -> Callable[..., None]:
     return Bindable(softmax, bind)
 
 
+@builtin("sum", fusion=FusionTemplate("sum", variadic="+"))
 def _sum(xp: ModuleType) -> Callable[..., None]:
     add = xp.add
 
@@ -263,6 +289,7 @@ def _sum(xp: ModuleType) -> Callable[..., None]:
     return sum_inputs
 
 
+@builtin("reduce_sum")
 def _reduce_sum(xp: ModuleType) -> Callable[..., None]:
     def reduce_sum(a: Array, out: Array) -> None:
         out[...] = a.sum()
@@ -270,19 +297,13 @@ def _reduce_sum(xp: ModuleType) -> Callable[..., None]:
     return reduce_sum
 
 
-for _name, _make, _flops in (
-    ("matmul", _keyword_out("matmul"), _matmul_flops),
-    ("maximum", _keyword_out("maximum"), None),
-    ("minimum", _keyword_out("minimum"), None),
-    ("relu", _relu, None),
-    ("sigmoid", _sigmoid, _TRANSCENDENTAL),
-    ("copy", _copy, None),
-    ("dense", _dense, _matmul_flops),
-    ("softmax", _softmax, _TRANSCENDENTAL),
-    ("sum", _sum, None),
-    ("reduce_sum", _reduce_sum, None),
+# Ops that are a ufunc taking ``out`` by keyword: name, ufunc, work, fusion.
+for _name, _func, _flops, _fusion in (
+    ("matmul", "matmul", _matmul_flops, None),
+    ("maximum", "maximum", None, _numpy_only("max")),
+    ("minimum", "minimum", None, _numpy_only("min")),
 ):
-    register_for_all_kinds(_name, _make, _flops)
+    builtin(_name, flops=_flops, fusion=_fusion)(_keyword_out(_func))
 
 
 # -- more elementwise kernels, one per ONNX elementwise op -------------------
@@ -316,6 +337,7 @@ def _quiet_ufunc(ufunc: str) -> KernelFactory:
 SCIPY_SMALL_FLOAT32 = 1024
 
 
+@builtin("erf", flops=_TRANSCENDENTAL, fusion=_numpy_only("erf"))
 def make_erf(xp: ModuleType) -> Bindable:
     """The ``erf`` kernel for ``xp`` (GELU calls it too).
 
@@ -323,7 +345,7 @@ def make_erf(xp: ModuleType) -> Bindable:
     :data:`SCIPY_SMALL_FLOAT32` elements (bound: :func:`bind_erf_float32`),
     because scipy computes float32 erf in double, one element at a time
     (16 ns each here, 4x the whole-array version). Otherwise scipy's erf
-    ufunc (cupyx's on cuda), imported on first use: it is not worth its
+    ufunc (cupyx's for cupy), imported on first use: it is not worth its
     import time to programs that never call it.
     """
     special = "scipy.special" if xp is np else "cupyx.scipy.special"
@@ -438,6 +460,7 @@ def bind_erf_float32(
     return erf
 
 
+@builtin("softplus", flops=_TRANSCENDENTAL, fusion=_numpy_only("softplus"))
 def _softplus(xp: ModuleType) -> Callable[..., None]:
     def softplus(a: Array, out: Array) -> None:
         xp.logaddexp(a, 0, out)  # log(1 + e^x) without overflow
@@ -445,6 +468,7 @@ def _softplus(xp: ModuleType) -> Callable[..., None]:
     return softplus
 
 
+@builtin("softsign", fusion=_numpy_only("softsign"))
 def _softsign(xp: ModuleType) -> Callable[..., None]:
     def softsign(a: Array, out: Array) -> None:
         xp.absolute(a, out)
@@ -454,6 +478,7 @@ def _softsign(xp: ModuleType) -> Callable[..., None]:
     return softsign
 
 
+@builtin("mish", flops=_TRANSCENDENTAL, fusion=_numpy_only("mish"))
 def _mish(xp: ModuleType) -> Callable[..., None]:
     def mish(a: Array, out: Array) -> None:
         xp.logaddexp(a, 0, out)
@@ -463,6 +488,7 @@ def _mish(xp: ModuleType) -> Callable[..., None]:
     return mish
 
 
+@builtin("hard_swish", fusion=_numpy_only("hard_swish"))
 def _hard_swish(xp: ModuleType) -> Callable[..., None]:
     def hard_swish(a: Array, out: Array) -> None:
         xp.multiply(a, 1 / 6, out)
@@ -473,6 +499,7 @@ def _hard_swish(xp: ModuleType) -> Callable[..., None]:
     return hard_swish
 
 
+@builtin("prelu", fusion=_numpy_only("prelu"))
 def _prelu(xp: ModuleType) -> Callable[..., None]:
     def prelu(a: Array, slope: Array, out: Array) -> None:
         xp.multiply(a, slope, out)
@@ -481,6 +508,7 @@ def _prelu(xp: ModuleType) -> Callable[..., None]:
     return prelu
 
 
+@builtin("trunc_divide")
 def _trunc_divide(xp: ModuleType) -> Callable[..., None]:
     def trunc_divide(a: Array, b: Array, out: Array) -> None:
         # C's integer division, as ONNX's Div: a - fmod(a, b) is an exact
@@ -492,6 +520,7 @@ def _trunc_divide(xp: ModuleType) -> Callable[..., None]:
     return trunc_divide
 
 
+@builtin("mod", fusion=_numpy_only("mod"))
 def _floor_mod(xp: ModuleType) -> Callable[..., None]:
     """Python's ``%`` (the divisor's sign, as ONNX's Mod without fmod), the
     same on every array library: cupy's float ``remainder`` differs from
@@ -512,6 +541,7 @@ def _floor_mod(xp: ModuleType) -> Callable[..., None]:
     return mod
 
 
+@builtin("power_cast", flops=_TRANSCENDENTAL)
 def _power_cast(xp: ModuleType) -> Callable[..., None]:
     def power_cast(a: Array, b: Array, out: Array) -> None:
         # ONNX's Pow of mixed types: computed in the common type, cast to
@@ -522,6 +552,7 @@ def _power_cast(xp: ModuleType) -> Callable[..., None]:
     return power_cast
 
 
+@builtin("cast")
 def _cast(xp: ModuleType) -> Callable[..., None]:
     def cast(a: Array, out: Array) -> None:
         with _quiet(xp):  # NaN or out-of-range to int: undefined, not an error
@@ -530,6 +561,7 @@ def _cast(xp: ModuleType) -> Callable[..., None]:
     return cast
 
 
+@builtin("where")
 def _where(xp: ModuleType) -> Callable[..., None]:
     def where(cond: Array, a: Array, b: Array, out: Array) -> None:
         xp.copyto(out, b)  # broadcasts, no temporary
@@ -558,6 +590,7 @@ def _variadic(ufunc: str) -> KernelFactory:
     return make
 
 
+@builtin("mean", fusion=_numpy_only("mean"))
 def _mean(xp: ModuleType) -> Callable[..., None]:
     total = _variadic("add")(xp)
 
@@ -568,56 +601,53 @@ def _mean(xp: ModuleType) -> Callable[..., None]:
     return mean
 
 
-for _name, _func, _flops in (
-    ("reciprocal", "reciprocal", None),
-    ("floor", "floor", None),
-    ("ceil", "ceil", None),
-    ("round", "rint", None),  # ONNX rounds half to even, as rint does
-    ("sign", "sign", None),
-    ("sin", "sin", _TRANSCENDENTAL),
-    ("cos", "cos", _TRANSCENDENTAL),
-    ("tan", "tan", _TRANSCENDENTAL),
-    ("asin", "arcsin", _TRANSCENDENTAL),
-    ("acos", "arccos", _TRANSCENDENTAL),
-    ("atan", "arctan", _TRANSCENDENTAL),
-    ("sinh", "sinh", _TRANSCENDENTAL),
-    ("cosh", "cosh", _TRANSCENDENTAL),
-    ("asinh", "arcsinh", _TRANSCENDENTAL),
-    ("acosh", "arccosh", _TRANSCENDENTAL),
-    ("atanh", "arctanh", _TRANSCENDENTAL),
-    ("equal", "equal", None),
-    ("less", "less", None),
-    ("less_equal", "less_equal", None),
-    ("greater", "greater", None),
-    ("greater_equal", "greater_equal", None),
-    ("logical_and", "logical_and", None),
-    ("logical_or", "logical_or", None),
-    ("logical_xor", "logical_xor", None),
-    ("logical_not", "logical_not", None),
-    ("isnan", "isnan", None),
-    ("bitwise_and", "bitwise_and", None),
-    ("bitwise_or", "bitwise_or", None),
-    ("bitwise_xor", "bitwise_xor", None),
-    ("bitwise_not", "invert", None),
-    ("fmod", "fmod", None),
-    ("floor_divide", "floor_divide", None),
+# Ops that are a ufunc whose domain errors are IEEE results: name, ufunc,
+# work, fusion.
+for _name, _func, _flops, _fusion in (
+    (
+        "reciprocal",
+        "reciprocal",
+        None,
+        FusionTemplate("recip", "(1 / {0})", "((T)1 / {0})"),
+    ),
+    ("floor", "floor", None, _numpy_only("floor")),
+    ("ceil", "ceil", None, _numpy_only("ceil")),
+    # ONNX rounds half to even, as rint does
+    ("round", "rint", None, _numpy_only("round")),
+    ("sign", "sign", None, _numpy_only("sign")),
+    ("sin", "sin", _TRANSCENDENTAL, _function("sin")),
+    ("cos", "cos", _TRANSCENDENTAL, _function("cos")),
+    ("tan", "tan", _TRANSCENDENTAL, _function("tan")),
+    ("asin", "arcsin", _TRANSCENDENTAL, _numpy_only("asin")),
+    ("acos", "arccos", _TRANSCENDENTAL, _numpy_only("acos")),
+    ("atan", "arctan", _TRANSCENDENTAL, _numpy_only("atan")),
+    ("sinh", "sinh", _TRANSCENDENTAL, _function("sinh")),
+    ("cosh", "cosh", _TRANSCENDENTAL, _function("cosh")),
+    ("asinh", "arcsinh", _TRANSCENDENTAL, _numpy_only("asinh")),
+    ("acosh", "arccosh", _TRANSCENDENTAL, _numpy_only("acosh")),
+    ("atanh", "arctanh", _TRANSCENDENTAL, _numpy_only("atanh")),
+    ("equal", "equal", None, None),
+    ("less", "less", None, None),
+    ("less_equal", "less_equal", None, None),
+    ("greater", "greater", None, None),
+    ("greater_equal", "greater_equal", None, None),
+    ("logical_and", "logical_and", None, None),
+    ("logical_or", "logical_or", None, None),
+    ("logical_xor", "logical_xor", None, None),
+    ("logical_not", "logical_not", None, None),
+    ("isnan", "isnan", None, None),
+    ("bitwise_and", "bitwise_and", None, None),
+    ("bitwise_or", "bitwise_or", None, None),
+    ("bitwise_xor", "bitwise_xor", None, None),
+    ("bitwise_not", "invert", None, None),
+    ("fmod", "fmod", None, _numpy_only("fmod")),
+    ("floor_divide", "floor_divide", None, None),
 ):
-    register_for_all_kinds(_name, _quiet_ufunc(_func), _flops)
+    builtin(_name, flops=_flops, fusion=_fusion)(_quiet_ufunc(_func))
 
-for _name, _make, _flops in (
-    ("erf", make_erf, _TRANSCENDENTAL),
-    ("softplus", _softplus, _TRANSCENDENTAL),
-    ("softsign", _softsign, None),
-    ("mish", _mish, _TRANSCENDENTAL),
-    ("hard_swish", _hard_swish, None),
-    ("prelu", _prelu, None),
-    ("trunc_divide", _trunc_divide, None),
-    ("mod", _floor_mod, None),
-    ("power_cast", _power_cast, _TRANSCENDENTAL),
-    ("cast", _cast, None),
-    ("where", _where, None),
-    ("max", _variadic("maximum"), None),
-    ("min", _variadic("minimum"), None),
-    ("mean", _mean, None),
+# Variadic folds of a ufunc: name, ufunc, fusion.
+for _name, _func, _fusion in (
+    ("max", "maximum", _numpy_only("max")),
+    ("min", "minimum", _numpy_only("min")),
 ):
-    register_for_all_kinds(_name, _make, _flops)
+    builtin(_name, fusion=_fusion)(_variadic(_func))

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ._registry import Attrs
+from ._library import Attrs
 
 __all__ = (
     "BOUND_SCRATCH_BYTES",

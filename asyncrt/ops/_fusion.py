@@ -1,43 +1,44 @@
-"""Fused elementwise kernels: which ops fuse, and one kernel per fused node.
+"""Fused elementwise kernels: which nodes fuse, and one kernel per fused node.
 
-:func:`fuse_graph` runs the scheduler's pass (:mod:`scheduler.fusion`) with
-this module's table of fusible ops, then builds a kernel for every fused node
-and device kind. A fused node's kernel follows the usual convention
-(``kernel(*inputs, out)``) and writes straight into the planned storage of
-its output. Engines, per device kind:
+:func:`fuse_graph` runs the scheduler's pass (:mod:`scheduler.fusion`) over
+the nodes whose op has a fusion template in the kernel library
+(:func:`~asyncrt.ops._library.fusion_template`), then builds a kernel for
+every fused node and array namespace of the devices. A fused node's kernel
+follows the usual convention (``kernel(*inputs, out)``) and writes straight
+into the planned storage of its output. Engines, per array namespace:
 
-* ``cpu`` and ``sim`` (numpy arrays), engine ``"numpy"`` (the default): the
-  members' own kernels (numpy ufuncs, destination passing) run block by
-  block over the output: a block of each tensor stays in cache while the
-  whole chain runs over it, interior results live in a few block-sized
-  scratch buffers made per call (no full-size temporaries), and the last
-  member writes its block of ``out``. Nodes with enough work split their
-  blocks over :data:`asyncrt.runtime._threads.limits` threads (numpy releases the
-  GIL). Results are the unfused ones, bit for bit: the same ufuncs see the
-  same values. (numexpr is not the default engine; see the next item.)
-* ``cpu`` and ``sim``, engine ``"numexpr"``: the members' expression
-  templates are inlined into one expression, evaluated by
-  ``numexpr.evaluate(expr, local_dict=..., out=out, casting="same_kind")``
-  in numexpr's own thread pool. Its float32 ``tanh``/``exp``/``log`` are not
-  numpy's SIMD ones: results may differ from the unfused ones by a few ulps
-  (tests assert ``rtol=1e-5`` for float32, ``1e-12`` for float64). Measured on
-  the AVX2 dev machine (``bench/bench_kernels.py --ops``), numexpr 2.14
-  without VML was slower than numpy's loops for every op, one thread each
-  (``mul`` 2.9x, ``exp`` 1.2x, ``sqrt`` 4.3x, ``tanh`` 7.4x), which is why
-  it is not the default. A group numexpr cannot express (an op
-  without a template, a dtype other than float32/float64) uses ``"numpy"``;
-  without numexpr installed, every group does.
-* ``cuda``: one ``cupy.ElementwiseKernel`` per fused node, one statement per
+* ``numpy``, engine ``"numpy"`` (the default): the members' own kernels
+  (numpy ufuncs, destination passing) run block by block over the output: a
+  block of each tensor stays in cache while the whole chain runs over it,
+  interior results live in a few block-sized scratch buffers made per call
+  (no full-size temporaries), and the last member writes its block of
+  ``out``. Nodes with enough work split their blocks over
+  :data:`asyncrt.runtime._threads.limits` threads (numpy releases the GIL).
+  Results are the unfused ones, bit for bit: the same ufuncs see the same
+  values. (numexpr is not the default engine; see the next item.)
+* ``numpy``, engine ``"numexpr"``: the members' expression templates are
+  inlined into one expression, evaluated by ``numexpr.evaluate(expr,
+  local_dict=..., out=out, casting="same_kind")`` in numexpr's own thread
+  pool. Its float32 ``tanh``/``exp``/``log`` are not numpy's SIMD ones:
+  results may differ from the unfused ones by a few ulps (tests assert
+  ``rtol=1e-5`` for float32, ``1e-12`` for float64). Measured on the AVX2
+  dev machine (``bench/bench_kernels.py --ops``), numexpr 2.14 without VML
+  was slower than numpy's loops for every op, one thread each (``mul``
+  2.9x, ``exp`` 1.2x, ``sqrt`` 4.3x, ``tanh`` 7.4x), which is why it is not
+  the default. A group numexpr cannot express (an op without a template, a
+  dtype other than float32/float64) uses ``"numpy"``; without numexpr
+  installed, every group does.
+* ``cupy``: one ``cupy.ElementwiseKernel`` per fused node, one statement per
   member (shared interior results computed once); groups with an op that
-  has no CUDA template run the members' cupy kernels in sequence. This path
-  is written but has not run: the dev machine has no GPU.
+  has no CUDA template run the members' cupy kernels in sequence.
 
-On a device kind other than these three nothing is fused. A node fuses only
-if its op is in :data:`ELEMENTWISE`, its kernel comes from the global
-registry (a ``lib`` kernel of the same name may mean something else) and is
-not a coroutine, and it has one output. The fused node's ``flops`` is the
-sum of its members', so cost models and the simulated devices still see the
-real work.
+Where a device's kernels run in no namespace of these (its workers run
+their own) nothing is fused. A node fuses only if its op has a fusion template, its
+kernel is the library's on every device (neither ``lib`` nor a kernel
+registered for one device kind replaces it: it may mean something else)
+and is not a coroutine, and it has one output. The fused node's ``flops``
+is the sum of its members', so cost models and the simulated devices still
+see the real work.
 """
 
 from __future__ import annotations
@@ -48,22 +49,30 @@ import importlib.util
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import networkx as nx
 
 from devices import Device
+from devices.errors import DeviceNotFoundError
 from scheduler.dag import NodeSpec, TensorSpec
 from scheduler.fusion import FusedNode, fuse_elementwise
 
 from ..runtime import _threads
-from ._kernels import Kernel, Module, resolve
+from ._kernels import (
+    Kernel,
+    Module,
+    global_kinds,
+    global_namespace_func,
+    namespace_of,
+    resolve,
+)
+from ._library import FusionTemplate, fusion_template
 
 __all__ = (
-    "ELEMENTWISE",
-    "Elementwise",
+    "FUSING_NAMESPACES",
     "Engine",
+    "build_kernel",
     "elementwise_predicate",
     "fuse_graph",
 )
@@ -71,6 +80,8 @@ __all__ = (
 Engine = Literal["numpy", "numexpr"]
 Array = Any
 
+#: Array namespaces whose fused kernels this module can build.
+FUSING_NAMESPACES = frozenset({"numpy", "cupy"})
 #: Elements per block of the ``"numpy"`` engine (per tensor): 256 KiB of
 #: float32, so a chain's blocks stay in L2/L3 while the per-call cost of a
 #: ufunc (a microsecond or two) stays far below a block's work. Smaller
@@ -88,100 +99,26 @@ TEMPLATE_DTYPES = frozenset({"float32", "float64"})
 MAX_EXPRESSION = 2000
 
 
-@dataclass(frozen=True)
-class Elementwise:
-    """How one elementwise op appears in a fused kernel.
-
-    :ivar label: its short name in fused node names.
-    :ivar numexpr: a numexpr template over ``{0}``, ``{1}``, ... (each
-        argument already parenthesised), or ``None``.
-    :ivar cuda: a CUDA C template over the same placeholders (``T`` is the
-        element type), or ``None``.
-    :ivar variadic: the template is joined over any number of arguments
-        with this operator instead of formatted.
-    """
-
-    label: str
-    numexpr: str | None
-    cuda: str | None
-    variadic: str | None = None
-
-    def expression(
-        self, engine: Literal["numexpr", "cuda"], args: Sequence[str]
-    ) -> str:
-        """The op applied to ``args`` in an engine's syntax.
-
-        :raises KeyError: if the op has no template for ``engine``.
-        """
-        if self.variadic is not None:
-            return "(" + f" {self.variadic} ".join(args) + ")"
-        template = self.numexpr if engine == "numexpr" else self.cuda
-        if template is None:
-            raise KeyError(f"{self.label} has no {engine} template")
-        return template.format(*args)
+def _namespaces(devices: Sequence[Device]) -> frozenset[str] | None:
+    """The array namespaces of ``devices``' kernels, or ``None`` if one
+    device's kernels run in no namespace this module can fuse for."""
+    found: set[str] = set()
+    for kind in {device.kind for device in devices}:
+        try:
+            namespace = namespace_of(kind)
+        except DeviceNotFoundError:
+            return None
+        if namespace not in FUSING_NAMESPACES:
+            return None
+        found.add(namespace)
+    return frozenset(found) or None
 
 
-#: The fusible ops, by the built-in kernel names of :mod:`asyncrt.ops._builtin`.
-ELEMENTWISE: dict[str, Elementwise] = {
-    "add": Elementwise("add", "({0} + {1})", "({0} + {1})"),
-    "bias_add": Elementwise("bias_add", "({0} + {1})", "({0} + {1})"),
-    "subtract": Elementwise("sub", "({0} - {1})", "({0} - {1})"),
-    "multiply": Elementwise("mul", "({0} * {1})", "({0} * {1})"),
-    "divide": Elementwise("div", "({0} / {1})", "({0} / {1})"),
-    "power": Elementwise("pow", "({0} ** {1})", "pow({0}, {1})"),
-    "negative": Elementwise("neg", "(-{0})", "(-{0})"),
-    "exp": Elementwise("exp", "exp({0})", "exp({0})"),
-    "log": Elementwise("log", "log({0})", "log({0})"),
-    "sqrt": Elementwise("sqrt", "sqrt({0})", "sqrt({0})"),
-    "tanh": Elementwise("tanh", "tanh({0})", "tanh({0})"),
-    "abs": Elementwise("abs", "abs({0})", "fabs({0})"),
-    # x < 0 is false for NaN, so NaN propagates as through np.maximum(x, 0)
-    "relu": Elementwise("relu", "where({0} < 0, 0, {0})", "({0} < (T)0 ? (T)0 : {0})"),
-    "sigmoid": Elementwise(
-        "sigmoid", "(1 / (1 + exp(-{0})))", "((T)1 / ((T)1 + exp(-{0})))"
-    ),
-    "copy": Elementwise("copy", "{0}", "{0}"),
-    "reciprocal": Elementwise("recip", "(1 / {0})", "((T)1 / {0})"),
-    "sin": Elementwise("sin", "sin({0})", "sin({0})"),
-    "cos": Elementwise("cos", "cos({0})", "cos({0})"),
-    "tan": Elementwise("tan", "tan({0})", "tan({0})"),
-    "sinh": Elementwise("sinh", "sinh({0})", "sinh({0})"),
-    "cosh": Elementwise("cosh", "cosh({0})", "cosh({0})"),
-    "sum": Elementwise("sum", None, None, variadic="+"),
-    # Elementwise, but without a template: fused by the "numpy" engine only
-    # (NaN rules, rounding modes or domain handling differ elsewhere).
-    **{
-        name: Elementwise(label, None, None)
-        for name, label in (
-            ("maximum", "max"),
-            ("minimum", "min"),
-            ("max", "max"),
-            ("min", "min"),
-            ("mean", "mean"),
-            ("floor", "floor"),
-            ("ceil", "ceil"),
-            ("round", "round"),
-            ("sign", "sign"),
-            ("asin", "asin"),
-            ("acos", "acos"),
-            ("atan", "atan"),
-            ("asinh", "asinh"),
-            ("acosh", "acosh"),
-            ("atanh", "atanh"),
-            ("fmod", "fmod"),
-            ("mod", "mod"),
-            ("erf", "erf"),
-            ("softplus", "softplus"),
-            ("softsign", "softsign"),
-            ("mish", "mish"),
-            ("hard_swish", "hard_swish"),
-            ("prelu", "prelu"),
-        )
-    },
-}
-
-#: Device kinds whose fused kernels this module can build.
-FUSING_KINDS = frozenset({"cpu", "sim", "cuda"})
+def _template(spec: NodeSpec) -> FusionTemplate:
+    template = fusion_template(spec.func_name)
+    if template is None:  # the predicate let only templated ops in
+        raise KeyError(f"{spec.func_name!r} has no fusion template")
+    return template
 
 
 def fuse_graph(
@@ -195,40 +132,40 @@ def fuse_graph(
     :param dag: the graph, its ``flops`` already annotated.
     :param lib: the executor's kernels (looked up before the registry).
     :param devices: the devices the graph will be planned onto.
-    :param engine: the cpu/sim engine (see the module docstring).
+    :param engine: the numpy engine (see the module docstring).
     :return: the fused graph and a module holding ``lib``'s kernels and the
         fused ones (``dag`` and ``lib`` unchanged if nothing fused).
     :raises ValueError: for an unknown engine.
     """
     if engine not in ("numpy", "numexpr"):
         raise ValueError(f"unknown fusion engine {engine!r}; use numpy or numexpr")
-    kinds = sorted({device.kind for device in devices})
-    if not kinds or not FUSING_KINDS.issuperset(kinds):
+    namespaces = _namespaces(devices)
+    if namespaces is None:
         return dag, lib
     fusion = fuse_elementwise(
         dag,
         elementwise_predicate(lib, devices),
-        label=lambda spec: ELEMENTWISE[spec.func_name].label,
+        label=lambda spec: _template(spec).label,
     )
     if not fusion.groups:
         return dag, lib
-    module = _copy_module(lib)
+    module = Module() if lib is None else lib.copy()
     for recipe in fusion.groups.values():
-        for kind in kinds:
-            kernel = build_kernel(recipe, kind, engine)
-            module.add(recipe.spec.func_name, kernel, kinds=(kind,))
+        for namespace in sorted(namespaces):
+            kernel = build_kernel(recipe, namespace, engine)
+            module.add(recipe.spec.func_name, kernel, namespaces=(namespace,))
     return fusion.dag, module
 
 
 def elementwise_predicate(
     lib: Module | None, devices: Sequence[Device]
 ) -> Callable[[NodeSpec], bool]:
-    """Whether a node's kernel is a built-in elementwise op on every device
-    kind of ``devices``: its op is in :data:`ELEMENTWISE`, the global
-    registry has it for each kind, it is no coroutine, and ``lib`` does not
-    replace it (a ``lib`` kernel of the same name may mean something else).
-    What fusion fuses, and what the planner may split into row blocks
-    (:mod:`scheduler.split`).
+    """Whether a node's kernel is a library elementwise op on every device
+    of ``devices``: its op has a fusion template, the global registry has a
+    kernel for each device's kind, no coroutine, and neither ``lib`` nor a
+    kernel registered for one of the kinds replaces the library's (it may
+    mean something else). What fusion fuses, and what the planner may split
+    into row blocks (:mod:`scheduler.split`).
 
     :param lib: the executor's kernels (looked up before the registry).
     :param devices: the devices the graph will be planned onto.
@@ -236,12 +173,15 @@ def elementwise_predicate(
     kinds = sorted({device.kind for device in devices})
 
     def elementwise(spec: NodeSpec) -> bool:
-        if spec.func_name not in ELEMENTWISE or not kinds:
+        name = spec.func_name
+        if fusion_template(name) is None or not kinds:
+            return False
+        if not set(kinds).isdisjoint(global_kinds(name)):
             return False
         for kind in kinds:
-            if lib is not None and lib.find(spec.func_name, kind) is not None:
+            if lib is not None and lib.find(name, kind) is not None:
                 return False
-            kernel = resolve(spec.func_name, kind, None)
+            kernel = resolve(name, kind, None)
             if kernel is None or inspect.iscoroutinefunction(kernel):
                 return False
         return True
@@ -249,39 +189,29 @@ def elementwise_predicate(
     return elementwise
 
 
-def _copy_module(lib: Module | None) -> Module:
-    """A new module with ``lib``'s kernels (none for ``None``)."""
-    module = Module()
-    if lib is None:
-        return module
-    for name in lib.names():
-        for kind in lib.kinds(name):
-            kernel = lib.find(name, kind)
-            if kernel is not None:
-                module.add(name, kernel, kinds=(kind,), flops=lib.flops_function(name))
-    return module
-
-
-def build_kernel(recipe: FusedNode, kind: str, engine: Engine = "numpy") -> Kernel:
-    """The kernel of a fused node on one device kind.
+def build_kernel(recipe: FusedNode, namespace: str, engine: Engine = "numpy") -> Kernel:
+    """The kernel of a fused node for one array namespace.
 
     :param recipe: the fused node (:func:`scheduler.fusion.fuse_elementwise`).
-    :param kind: ``"cpu"``, ``"sim"`` or ``"cuda"``.
-    :param engine: the cpu/sim engine.
+    :param namespace: ``"numpy"`` or ``"cupy"``.
+    :param engine: the numpy engine.
     :return: ``kernel(*inputs, out)``.
-    :raises ValueError: if ``kind`` cannot fuse or a member has no kernel.
+    :raises ValueError: if ``namespace`` cannot fuse or a member has no
+        kernel.
     """
-    if kind not in FUSING_KINDS:
-        raise ValueError(f"cannot build fused kernels for device kind {kind!r}")
+    if namespace not in FUSING_NAMESPACES:
+        raise ValueError(f"cannot build fused kernels for namespace {namespace!r}")
     members = []
     for spec in recipe.members:
-        kernel = resolve(spec.func_name, kind, None)
+        kernel = global_namespace_func(spec.func_name, namespace)
         if kernel is None:
-            raise ValueError(f"no {kind} kernel {spec.func_name!r} for {spec.name!r}")
+            raise ValueError(
+                f"no {namespace} kernel {spec.func_name!r} for {spec.name!r}"
+            )
         members.append(kernel)
     dtype = recipe.spec.outputs[0].dtype
-    if kind == "cuda":
-        if dtype in TEMPLATE_DTYPES and _expressible(recipe, "cuda"):
+    if namespace == "cupy":
+        if dtype in TEMPLATE_DTYPES and _expressible(recipe, "cuda_c"):
             return CupyFusedKernel(recipe)
         return ProgramKernel(recipe, members, "cupy", block=None)
     if engine == "numexpr" and _numexpr_expression(recipe) is not None:
@@ -289,12 +219,12 @@ def build_kernel(recipe: FusedNode, kind: str, engine: Engine = "numpy") -> Kern
     return ProgramKernel(recipe, members, "numpy", block=BLOCK_ELEMENTS)
 
 
-def _expressible(recipe: FusedNode, engine: Literal["numexpr", "cuda"]) -> bool:
+def _expressible(recipe: FusedNode, engine: Literal["numexpr", "cuda_c"]) -> bool:
     for spec in recipe.members:
-        op = ELEMENTWISE[spec.func_name]
+        op = _template(spec)
         if (
             op.variadic is None
-            and (op.numexpr if engine == "numexpr" else op.cuda) is None
+            and (op.numexpr if engine == "numexpr" else op.cuda_c) is None
         ):
             return False
     return True
@@ -312,7 +242,7 @@ def _numexpr_expression(recipe: FusedNode) -> str | None:
     exprs: list[str] = []
     for spec, args in zip(recipe.members, recipe.args, strict=True):
         names = [f"i{a.index}" if a.source == "input" else exprs[a.index] for a in args]
-        exprs.append(ELEMENTWISE[spec.func_name].expression("numexpr", names))
+        exprs.append(_template(spec).expression("numexpr", names))
         if len(exprs[-1]) > MAX_EXPRESSION:
             return None
     return exprs[-1]
@@ -515,8 +445,6 @@ class NumexprKernel:
 class CupyFusedKernel:
     """A fused node as one ``cupy.ElementwiseKernel`` (built on first call).
 
-    Untested: written without a GPU.
-
     :param recipe: the fused node; every member needs a CUDA template.
     """
 
@@ -529,7 +457,7 @@ class CupyFusedKernel:
             names = [
                 f"i{a.index}" if a.source == "input" else f"m{a.index}" for a in args
             ]
-            value = ELEMENTWISE[spec.func_name].expression("cuda", names)
+            value = _template(spec).expression("cuda_c", names)
             statements.append(f"y = {value};" if i == sink else f"T m{i} = {value};")
         self.in_params = ", ".join(f"T i{k}" for k in range(n_inputs))
         self.operation = "\n".join(statements)

@@ -19,7 +19,7 @@ import numpy as np
 from ._builtin import SCIPY_SMALL_FLOAT32, make_erf
 from ._common import Array, choice, flag, number, quiet
 from ._kernels import Bindable
-from ._registry import Attrs, define
+from ._library import Attrs, define
 
 __all__ = ()
 

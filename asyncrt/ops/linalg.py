@@ -10,7 +10,7 @@ from scheduler.dag import TensorSpec
 
 from ._common import Array, flag, number
 from ._kernels import Bindable
-from ._registry import Attrs, define
+from ._library import Attrs, define
 
 __all__ = ()
 

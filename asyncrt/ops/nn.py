@@ -39,7 +39,7 @@ from ._common import (
 )
 from ._im2col import bind_stride1, conv_stride1
 from ._kernels import Bindable
-from ._registry import Attrs, define
+from ._library import Attrs, define
 from ._windows import (
     Geometry,
     bind_padded,

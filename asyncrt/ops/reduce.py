@@ -18,7 +18,7 @@ import numpy as np
 from ._builtin import bind_softmax_last_axis, exact_sums, softmax_last_axis
 from ._common import Array, choice, flag, integer, ints, opt_ints, quiet
 from ._kernels import Bindable
-from ._registry import Attrs, define
+from ._library import Attrs, define
 
 __all__ = ()
 

@@ -15,7 +15,7 @@ from types import ModuleType
 
 from ._common import Array, choice, flag, integer, ints, number, quiet
 from ._kernels import Bindable
-from ._registry import Attrs, define
+from ._library import Attrs, define
 
 __all__ = ()
 

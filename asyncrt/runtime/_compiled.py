@@ -28,6 +28,7 @@ from scheduler.split import RowSplit
 
 from ..errors import InputError, KernelNotFoundError
 from ..graph import Graph, to_dag
+from ..ops import register_graph_kernels
 from ..ops._fusion import elementwise_predicate, fuse_graph
 from ..ops._kernels import Module, resolve
 from ..ops._work import annotate_work
@@ -131,6 +132,7 @@ def compile_graph(
         devices, or for the device the plan chose.
     :raises PlanError: if the graph cannot be planned on these devices.
     """
+    register_graph_kernels(graph)  # in any process that loads the graph
     dag = to_dag(graph, tuple(params))
     annotate_work(dag, lib)
     engine = options.fuse_engine

@@ -212,11 +212,11 @@ def test_failure_names_the_original_node(monkeypatch: pytest.MonkeyPatch) -> Non
     def boom(*args: Any) -> None:
         raise FloatingPointError("boom")
 
-    real = _fusion.resolve
+    real = _fusion.global_namespace_func
     monkeypatch.setattr(
         _fusion,
-        "resolve",
-        lambda name, kind, lib: boom if name == "exp" else real(name, kind, lib),
+        "global_namespace_func",
+        lambda name, namespace: boom if name == "exp" else real(name, namespace),
     )
     x = np.ones(1000, np.float32)
     with graph_executor.create(chain_graph(), fuse=True, params=CHAIN_PARAMS) as ex:
@@ -284,7 +284,9 @@ def test_unknown_device_kind_or_engine() -> None:
 def test_cuda_kernel_source() -> None:
     """The CUDA path cannot run here (no GPU): check what it would compile."""
     dag = asyncrt.graph.to_dag(chain_graph())
-    fusion = fuse_elementwise(dag, lambda spec: spec.func_name in _fusion.ELEMENTWISE)
+    fusion = fuse_elementwise(
+        dag, lambda spec: asyncrt.ops.fusion_template(spec.func_name) is not None
+    )
     kernel = _fusion.CupyFusedKernel(fusion.groups[5])
     assert kernel.in_params == "T i0, T i1"
     assert kernel.operation == (

@@ -303,6 +303,58 @@ async def test_parameters_loaded_later_reach_new_workers() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(("model", "fuse"), [("small_cnn", False), ("encoder", True)])
+async def test_onnx_models_run_in_workers_as_onnx_runtime_does(
+    model: str, fuse: bool
+) -> None:
+    """The kernels an ONNX import configures (``conv.<digest>``, ...) are
+    made again in each worker from the graph's own data."""
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from asyncrt.frontend import from_onnx
+
+    from .frontend.models import encoder_block, small_cnn
+
+    proto, shape = {
+        "small_cnn": (small_cnn, (2, 3, 16, 16)),
+        "encoder": (encoder_block, (2, 8, 32)),
+    }[model]
+    onnx_model = proto()
+    graph, params = from_onnx(onnx_model)
+    assert any("." in n.func_name for n in graph.nodes if not n.is_null)
+    session = ort.InferenceSession(
+        onnx_model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
+    with graph_executor.create(graph, None, "cpu", params=params, fuse=fuse) as ex:
+        here = [(ex.run_sync(x=x) or [])[0].numpy() for x in xs]
+    async with graph_executor.create(
+        graph.to_json(),  # the workers get nothing else
+        None,
+        "cpu",
+        params=params,
+        fuse=fuse,
+        processes=True,
+        max_contexts=2,
+        worker_blas="default",
+    ) as ex:
+        results: list[Any] = [None] * len(xs)
+
+        async def one(i: int) -> None:
+            results[i] = await ex.run(x=xs[i])
+
+        async with anyio.create_task_group() as group:
+            for i in range(len(xs)):
+                group.start_soon(one, i)
+    for x, outs, mine in zip(xs, results, here, strict=True):
+        (y,) = outs
+        np.testing.assert_allclose(y.numpy(), mine, rtol=1e-6, atol=1e-7)
+        (expected,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(y.numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.anyio
 async def test_coroutine_kernels_run_on_the_workers_event_loop() -> None:
     async with make("test_async_relu", max_contexts=1) as ex:
         x = np.linspace(-1, 1, N, dtype=np.float32)

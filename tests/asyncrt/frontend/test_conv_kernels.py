@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from asyncrt import Bindable
-from asyncrt.ops import _banded, _common, _im2col
-from asyncrt.ops._registry import lookup
+from asyncrt.ops import _banded, _common, _im2col, lookup
 
 
 def _reference(

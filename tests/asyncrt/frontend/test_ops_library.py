@@ -110,8 +110,8 @@ def test_gelu_and_erf_agree_on_both_sides_of_the_small_array_path(
     one-call ufuncs; above it, the rational approximation (float32). Both
     sides match the double-precision definition, non-finite inputs too."""
     special = pytest.importorskip("scipy.special")
+    from asyncrt.ops import lookup
     from asyncrt.ops._builtin import SCIPY_SMALL_FLOAT32
-    from asyncrt.ops._registry import lookup
 
     gelu = lookup("gelu").make(np, {"approximate": approximate})
     erf = asyncrt.get_global_func("erf", "cpu")
@@ -142,7 +142,7 @@ def test_layer_norm_without_vecdot_matches_with_it() -> None:
     ``einsum``, with the same result."""
     from types import SimpleNamespace
 
-    from asyncrt.ops._registry import lookup
+    from asyncrt.ops import lookup
 
     attrs = {"axis": -1, "epsilon": 1e-5, "bias": True, "stats": 2}
     rng = np.random.default_rng(8)
@@ -183,7 +183,7 @@ def erf_float32_of(value: np.float32) -> np.float32:
 
 
 def test_last_axis_softmax_matches_the_definition() -> None:
-    from asyncrt.ops._registry import lookup
+    from asyncrt.ops import lookup
 
     rng = np.random.default_rng(5)
     a = (rng.standard_normal((2, 3, 7, 33)) * 30).astype(np.float32)
@@ -210,8 +210,8 @@ def test_last_axis_softmax_matches_the_definition() -> None:
 def test_softmax_with_and_without_the_row_shift(
     scale: float, extra: float | None
 ) -> None:
+    from asyncrt.ops import lookup
     from asyncrt.ops._builtin import NO_SHIFT_BOUND
-    from asyncrt.ops._registry import lookup
 
     rng = np.random.default_rng(6)
     a = (rng.standard_normal((4, 5, 19)) * scale).astype(np.float32)
@@ -351,7 +351,7 @@ def test_a_bound_kernel_computes_what_the_call_does(
     new values in the same arrays (pads filled once stay filled); also with
     no room for scratch (the plain call, bound)."""
     monkeypatch.setattr(ops._common, "BOUND_SCRATCH_BYTES", scratch_bytes)
-    kernel = ops._registry.lookup(op).make(np, attrs)
+    kernel = ops.lookup(op).make(np, attrs)
     assert isinstance(kernel, asyncrt.Bindable)
     rng = np.random.default_rng(len(shapes))
     inputs = [np.zeros(s, np.float32) for s in shapes]
@@ -413,7 +413,7 @@ def test_the_executor_binds_library_kernels_once_per_context() -> None:
     graph = b.build()
     x_value = np.random.default_rng(3).standard_normal((2, 3, 9, 8)).astype(np.float32)
     want = np.full((2, 3, 5, 4), np.nan, np.float32)
-    ops._registry.lookup("max_pool").make(np, BOUND[0][1])(x_value, want)
+    ops.lookup("max_pool").make(np, BOUND[0][1])(x_value, want)
     with asyncrt.build(graph).create() as ex:
         for _ in range(2):
             (got,) = ex.run_sync(x=x_value) or []
