@@ -15,6 +15,7 @@ other pair is staged through host memory.
 
 from __future__ import annotations
 
+import collections
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -122,6 +123,8 @@ class DeviceAPI:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # Buffers the garbage collector dropped, released later (_collected).
+        self._dropped: collections.deque[tuple[Device, int, Any]] = collections.deque()
         self._used: dict[int, int] = {}
         self._streams: dict[int, set[Stream]] = {}
         self._workspace_free: dict[tuple[int, int], list[Buffer]] = {}
@@ -168,6 +171,7 @@ class DeviceAPI:
 
     def used_bytes(self, device: Device) -> int:
         """Bytes currently allocated on ``device`` through this API."""
+        self._release_collected()
         return self._used.get(device.index, 0)
 
     # -- memory ------------------------------------------------------------
@@ -191,6 +195,7 @@ class DeviceAPI:
                 f"refusing to allocate {nbytes} bytes on {device} "
                 f"(over the {MAX_ALLOCATION}-byte limit)"
             )
+        self._release_collected()  # their room first
         try:
             raw = self._alloc(device, nbytes)
         except OutOfMemoryError:
@@ -203,7 +208,9 @@ class DeviceAPI:
         with self._lock:
             self._used[device.index] = self._used.get(device.index, 0) + nbytes
         # A buffer dropped without free() still gives its bytes back.
-        buffer._finalizer = weakref.finalize(buffer, self._release, device, nbytes, raw)
+        buffer._finalizer = weakref.finalize(
+            buffer, self._collected, device, nbytes, raw
+        )
         return buffer
 
     def free(self, buffer: Buffer) -> None:
@@ -216,9 +223,27 @@ class DeviceAPI:
             self._release(buffer.device, buffer.nbytes, raw)
 
     def _release(self, device: Device, nbytes: int, raw: Any) -> None:
+        self._release_collected()
         with self._lock:
             self._used[device.index] -= nbytes
         self._free(device, raw)
+
+    def _collected(self, device: Device, nbytes: int, raw: Any) -> None:
+        """A buffer dropped without free(): its bytes go back at the next
+        allocation or free. The garbage collector may run this on any thread
+        at any allocation, also one made while that thread holds ``_lock``,
+        so it takes no lock (``deque.append`` is atomic)."""
+        self._dropped.append((device, nbytes, raw))
+
+    def _release_collected(self) -> None:
+        while self._dropped:
+            try:
+                device, nbytes, raw = self._dropped.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            with self._lock:
+                self._used[device.index] -= nbytes
+            self._free(device, raw)
 
     def alloc_workspace(self, device: Device, nbytes: int) -> Buffer:
         """Scratch memory for a kernel (TVM's ``AllocWorkspace``).

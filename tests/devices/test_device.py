@@ -225,3 +225,24 @@ class TestRegistry:
                 devices.get_api("cuda")
         else:
             pytest.skip("cupy is installed")
+
+
+def test_a_buffer_collected_while_its_api_is_locked_does_not_deadlock() -> None:
+    """The garbage collector may drop a buffer at any allocation, also one
+    made while the same thread holds the API's lock (seen on an H200 as a
+    hung test): the release is deferred, never taken under that lock."""
+    import gc
+
+    from devices import get_api
+
+    api = get_api("cpu")
+    device = Device("cpu", 0)
+    before = api.used_bytes(device)
+    buffer = api.alloc(device, 4096)
+    cycle: list[object] = [buffer]
+    cycle.append(cycle)  # freed only by the collector
+    del buffer
+    with api._lock:  # as if an allocation under the lock triggered a collection
+        del cycle
+        gc.collect()
+    assert api.used_bytes(device) == before
