@@ -513,7 +513,6 @@ def test_errors_cross_as_data() -> None:
 
 def test_workers_share_the_cores_by_default() -> None:
     from asyncrt.runtime import _threads as _threads
-
     from asyncrt.runtime._backends import WorkerProcesses
 
     with make(max_contexts=2) as ex:  # kernel_threads="auto"
