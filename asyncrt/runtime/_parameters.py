@@ -82,7 +82,7 @@ class Parameters:
         now if ``compiled`` is the first to read it there)."""
         plan = compiled.plan
         arrays: dict[Entry, NDArray] = {}
-        for name, array in self._home.items():
+        for name in self._home:
             entry = compiled.input_entries.get(name)
             if entry is not None:
                 arrays[entry] = self._on(name, plan.storage[entry].device)
