@@ -109,9 +109,11 @@ def test_a_device_where_lib_goes_is_refused() -> None:
 
 
 def test_an_unknown_input_lists_what_a_caller_gives_not_the_parameters() -> None:
-    with graph_executor.create(small_graph(), params={"w": W}) as ex:
-        with pytest.raises(InputError) as info:
-            ex.run_sync(y=np.ones(4, np.float32))
+    with (
+        graph_executor.create(small_graph(), params={"w": W}) as ex,
+        pytest.raises(InputError) as info,
+    ):
+        ex.run_sync(y=np.ones(4, np.float32))
     assert "inputs: x (and 1 parameters)" in str(info.value)
     assert "w" not in str(info.value).split("inputs:")[1].replace("parameters", "")
 
