@@ -14,6 +14,9 @@ plan's arenas plus its input buffers.
   budget smaller than one context still runs, one run at a time;
 * callers beyond that wait in FIFO order; a context that comes back goes
   straight to the longest waiter, and a caller never overtakes a waiter;
+* a context is made off the event loop, in a worker thread (a first run or
+  pool growth never holds the loop for an allocation, a stream's start or a
+  remote device's round trips);
 * a device that runs out of memory while the pool grows is not an error for
   the caller as long as another context exists: the caller waits for that
   one instead. Only when no context exists at all does the
@@ -196,7 +199,7 @@ class ContextPool(Generic[C]):
         """
         self._check_open()
         if not self._waiters:  # fairness: never overtake a waiter
-            context = self._take()
+            context = await self._take()
             if context is not None:
                 return context
         return await self._wait(front=False)
@@ -222,11 +225,7 @@ class ContextPool(Generic[C]):
                 return waiter.context
             if not waiter.may_grow or self._closed:
                 raise ClosedResourceError("the executor was closed while waiting")
-            try:
-                context = self._take()
-            except BaseException:
-                self._wake_grower()  # others may still succeed (or fail clearly)
-                raise
+            context = await self._take()
             if context is not None:
                 return context
             front = True  # keep our place at the head of the queue
@@ -238,28 +237,55 @@ class ContextPool(Generic[C]):
             return True
         return self._bytes + self._cost() <= self.budget
 
-    def _take(self) -> C | None:
+    async def _take(self) -> C | None:
         """Lend an idle context, or a new one if the limits allow; ``None``
         if the caller must wait."""
         if self._idle:
             context = self._idle.pop()
         elif self._may_grow():
-            self._count += 1  # reserve the place while making it
+            # Reserve the place and the bytes while it is made, so that
+            # callers growing meanwhile count it against the limits.
+            reserved = self._cost()
+            self._count += 1
+            self._bytes += reserved
             try:
-                context = self._make()
+                context = await self._grow(reserved)
             except OutOfMemoryError:
-                self._count -= 1
                 if self._count == 0:
                     raise  # nothing will come back: the graph does not fit
                 return None  # wait for one of the others instead
-            except BaseException:
-                self._count -= 1
-                raise
-            self._bytes += context.nbytes
+            if self._closed:  # closed while it was made
+                self._drop(context)
+                raise ClosedResourceError("the executor was closed while waiting")
         else:
             return None
         self._lent.add(context)
         return context
+
+    async def _grow(self, reserved: int) -> C:
+        """Make a context off the event loop (allocation, streams, kernel
+        binding and, for remote devices, round trips take milliseconds or
+        more), in the place :meth:`_take` reserved. A caller cancelled
+        meanwhile leaves the finished context idle for the next caller."""
+        made: list[C] = []
+
+        def make() -> None:
+            made.append(self._make())
+
+        try:
+            await anyio.to_thread.run_sync(make)
+        except BaseException:
+            if made:  # cancelled once it was made: keep it for others
+                self._bytes += made[0].nbytes - reserved
+                self._lent.add(made[0])
+                self.release(made[0])
+            else:
+                self._count -= 1
+                self._bytes -= reserved
+                self._wake_grower()  # others may still succeed (or fail clearly)
+            raise
+        self._bytes += made[0].nbytes - reserved
+        return made[0]
 
     def _wake_grower(self) -> None:
         """Tell the longest waiter that it may make a context."""
