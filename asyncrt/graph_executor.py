@@ -350,7 +350,7 @@ class GraphModule:
             self._core.compiled.input_entry(name)
             if name not in other._core.parameters:
                 raise InputError(f"the other executor has no parameter {name!r} loaded")
-            arrays[name] = other._core.parameters.array(name)
+            arrays[name] = other._core.parameters.host_array(name)
         self._core.share_params(arrays)
 
     # -- running -----------------------------------------------------------------

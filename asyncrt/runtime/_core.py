@@ -203,7 +203,7 @@ class ExecutorCore:
         self.check_open()
         checked = self.checked(values)
         self.check_no_runs()
-        self._parameters.load(self.compiled, checked)
+        self._parameters.load(checked)
         self._rebind()
 
     def share_params(self, arrays: Mapping[str, NDArray]) -> None:
@@ -240,15 +240,15 @@ class ExecutorCore:
                 context.inputs[entry].copyfrom(array)
                 context.is_set.add(entry)
         if params:
-            self._parameters.load(self.compiled, params)
-            if self.options.processes:
-                self._rebind()  # workers hold their own copies: new workers
+            self._parameters.load(params)
+            self._rebind()  # contexts bind the new arrays
 
     def input_array(self, name: str) -> NDArray:
         """The executor's own array of input ``name`` (or the parameter)."""
+        entry = self.compiled.input_entries[name]
         if name in self._parameters:
-            return self._parameters.array(name)
-        return self.own_context().inputs[self.compiled.input_entries[name]]
+            return self._parameters.on(name, self.compiled.plan.storage[entry].device)
+        return self.own_context().inputs[entry]
 
     def _rebind(self) -> None:
         self._generation += 1
@@ -433,7 +433,9 @@ class ExecutorCore:
         if feed is not None and (self._stateful_busy or not feed.fill(inputs)):
             self.set_inputs(inputs)  # the general path, and its errors
         self.check_not_busy()
-        context = self.own_context()
+        context = self.own_context()  # rebuilt if a parameter was set
+        if feed is not None:
+            feed = self._feed_of(context)
         self._check_all_set(context)
         self._stateful_busy = True
         try:

@@ -1,121 +1,119 @@
 """The executor's parameters: held once, shared read-only by every run.
 
-A parameter lives once on its *home* device (where the first compiled graph
-keeps it) and, where a compiled graph reads it on another device, once more
-there (a constant copy, refreshed in place when the value changes, so run
-contexts stay bound to the same arrays). Values are keyed by name, not by a
-compiled graph's entries: every compiled graph of an executor (one per
-shape signature) binds the same arrays.
+Each parameter is one host array (``cpu:0``), a copy of the value given
+that nobody else writes: the source of truth. A compiled graph that keeps a
+parameter on the host binds that array itself; one that reads it on another
+device (a GPU, a simulated or a remote device) binds a copy there, made the
+first time a run context needs it — in the context's build, which runs off
+the event loop — and kept until the value changes. Values are keyed by
+name, not by a compiled graph's entries: every compiled graph of an
+executor (one per shape signature) binds the same arrays.
 
-:attr:`Parameters.generation` counts changes of the *set* of parameters or
-of which arrays they are (``load_params`` of a new name, ``share_params``):
-contexts made before such a change are rebuilt.
+Changing a value replaces its host array and drops its device copies
+(never writing in place into arrays that run contexts are bound to);
+:attr:`Parameters.generation` counts such changes, and the executor
+rebuilds its contexts after one.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from devices import Device, NDArray, empty
+from devices import Device, NDArray, array
 from scheduler.dag import Entry
 
 from ._compiled import CompiledGraph
 
-__all__ = ("Parameters",)
+__all__ = ("HostValue", "Parameters")
 
 HostValue = NDArray | np.ndarray[Any, Any]
+_HOST = Device("cpu", 0)
 
 
 class Parameters:
     """Parameter arrays by name, with their copies on other devices."""
 
     def __init__(self) -> None:
-        self._home: dict[str, NDArray] = {}
+        self._host: dict[str, NDArray] = {}
         self._copies: dict[tuple[str, Device], NDArray] = {}
+        # Contexts are built on worker threads, several at once.
+        self._lock = threading.Lock()
         self.generation = 0
 
     def __contains__(self, name: object) -> bool:
-        return name in self._home
+        return name in self._host
 
     def names(self) -> frozenset[str]:
         """The names of the parameters held."""
-        return frozenset(self._home)
+        return frozenset(self._host)
 
-    def array(self, name: str) -> NDArray:
-        """The home array of parameter ``name`` (the caller may not write)."""
-        return self._home[name]
+    def host_array(self, name: str) -> NDArray:
+        """Parameter ``name`` on the host (callers must not write to it)."""
+        return self._host[name]
 
     def host_values(self) -> dict[str, np.ndarray[Any, Any]]:
-        """Every parameter as a host array (for a worker process's spec)."""
-        return {name: array.numpy() for name, array in self._home.items()}
+        """Every parameter as a numpy array (for a worker process's spec)."""
+        return {name: value.numpy() for name, value in self._host.items()}
 
-    def load(
-        self, compiled: CompiledGraph, values: Iterable[tuple[str, HostValue]]
-    ) -> None:
-        """Set parameters (checked values), allocating those new on the
-        device ``compiled`` keeps them on, and refresh their copies."""
-        changed: list[str] = []
-        for name, value in values:
-            array = self._home.get(name)
-            if array is None:
-                entry = compiled.input_entries[name]
-                spec = compiled.tensor(entry)
-                device = compiled.plan.storage[entry].device
-                array = self._home[name] = empty(spec.shape, spec.dtype, device)
-                self.generation += 1
-            array.copyfrom(value)
-            changed.append(name)
-        self._refresh(changed)
+    def load(self, values: Iterable[tuple[str, HostValue]]) -> None:
+        """Set parameters (values already checked): each becomes a new host
+        copy, and its device copies are dropped."""
+        loaded = {name: array(value, _HOST) for name, value in values}
+        with self._lock:
+            self._host.update(loaded)
+            self._forget(loaded)
+            self.generation += 1
 
     def share(self, arrays: Mapping[str, NDArray]) -> None:
-        """Use these arrays (another executor's, no copy) as parameters."""
-        self._home.update(arrays)
-        self.generation += 1
-        self._refresh(arrays)
+        """Use these host arrays (another executor's, no copy)."""
+        with self._lock:
+            self._host.update(arrays)
+            self._forget(arrays)
+            self.generation += 1
 
     def bound(self, compiled: CompiledGraph) -> dict[Entry, NDArray]:
         """The arrays a run context of ``compiled`` binds: each parameter at
-        its entry, and its copy on another device at the copy's entry (made
-        now if ``compiled`` is the first to read it there)."""
+        its entry, on the device the plan keeps it, and at each constant
+        copy's entry on the copy's device (copies made here if missing:
+        call it off the event loop)."""
         plan = compiled.plan
         arrays: dict[Entry, NDArray] = {}
-        for name in self._home:
+        for name in self._host:
             entry = compiled.input_entries.get(name)
             if entry is not None:
-                arrays[entry] = self._on(name, plan.storage[entry].device)
+                arrays[entry] = self.on(name, plan.storage[entry].device)
         for copy, source in plan.constant_copies.items():
             name = compiled.name_of(plan.resolve(source))
-            if name not in self._home:
+            if name not in self._host:
                 continue
-            array = self._on(name, plan.storage[copy].device)
+            value = self.on(name, plan.storage[copy].device)
             spec = compiled.tensor(copy)
-            if array.shape != spec.shape or array.dtype != spec.dtype:
+            if value.shape != spec.shape or value.dtype != spec.dtype:
                 # A copy of an alias of the parameter (a reshape): its bytes.
-                array = NDArray(array.buffer, spec.shape, spec.dtype, array.byte_offset)
-            arrays[copy] = array
+                value = NDArray(value.buffer, spec.shape, spec.dtype, value.byte_offset)
+            arrays[copy] = value
         return arrays
 
-    def _on(self, name: str, device: Device) -> NDArray:
-        home = self._home[name]
-        if home.device == device:
-            return home
-        copy = self._copies.get((name, device))
+    def on(self, name: str, device: Device) -> NDArray:
+        """Parameter ``name`` on ``device`` (copied there on first use)."""
+        with self._lock:
+            host = self._host[name]
+            if device == _HOST:
+                return host
+            copy = self._copies.get((name, device))
         if copy is None:
-            copy = self._copies[name, device] = empty(home.shape, home.dtype, device)
-            copy.copyfrom(home)
+            made = host.copyto(device)  # outside the lock: it may take a while
+            with self._lock:
+                if self._host.get(name) is not host:  # replaced meanwhile
+                    return made
+                copy = self._copies.setdefault((name, device), made)
         return copy
 
-    def _refresh(self, names: Iterable[str]) -> None:
-        """Bring the copies of ``names`` up to date, in place."""
-        for name in names:
-            home = self._home[name]
-            for (copied, device), copy in list(self._copies.items()):
-                if copied != name:
-                    continue
-                if copy.shape == home.shape and copy.dtype == home.dtype:
-                    copy.copyfrom(home)
-                else:  # shared by an array of another shape: made anew
-                    del self._copies[copied, device]
+    def _forget(self, names: Iterable[str]) -> None:
+        changed = set(names)
+        for key in [key for key in self._copies if key[0] in changed]:
+            del self._copies[key]

@@ -261,12 +261,15 @@ async def test_asyncio_task_cancel() -> None:
 @pytest.mark.anyio
 async def test_close_from_another_task_stops_runs_in_flight() -> None:
     calls = 0
-    started = threading.Event()
+    streams: set[str] = set()
+    started = threading.Event()  # both runs' streams are at work
 
     def busy(a: np.ndarray, out: np.ndarray) -> None:
         nonlocal calls
         calls += 1
-        started.set()
+        streams.add(threading.current_thread().name)
+        if len(streams) == 2:
+            started.set()
         time.sleep(0.001)
         np.copyto(out, a)
 
