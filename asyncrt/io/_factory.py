@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from devices import NDArray
+from devices import Device, NDArray
 from scheduler.placement import Policy
 
-from ..errors import KernelNotFoundError
+from ..errors import ArgumentError, KernelNotFoundError
 from ..graph import Graph, load_graph
 from ..graph_executor import DeviceSpec, GraphModule, create
 from ..ops import register_graph_kernels
@@ -46,6 +46,8 @@ class GraphExecutorFactory:
     :param devices: the devices :meth:`create` uses by default (``"cpu"``
         when ``None``).
     :param policy: the placement policy :meth:`create` uses by default.
+    :raises ArgumentError: if ``params`` is not a mapping or ``lib`` not a
+        :class:`~asyncrt.Module`.
     :raises GraphError: if a node names a kernel library op with bad
         attributes.
     """
@@ -60,6 +62,7 @@ class GraphExecutorFactory:
         devices: DeviceSpec | None = None,
         policy: str | Policy = "auto",
     ) -> None:
+        _check_params_and_lib(params, lib)
         register_graph_kernels(graph)
         self.graph = graph
         self.lib = lib
@@ -151,8 +154,11 @@ def build(
 
     :param devices: the devices executors run on by default.
     :param policy: the placement policy executors use by default.
+    :raises ArgumentError: if ``params`` is not a mapping or ``lib`` not a
+        :class:`~asyncrt.Module` (devices go by keyword: ``devices=``).
     :raises GraphError: if the graph is malformed.
     """
+    _check_params_and_lib(params, lib)
     loaded = graph if isinstance(graph, Graph) else load_graph(graph)
     return GraphExecutorFactory(loaded, params, lib, devices=devices, policy=policy)
 
@@ -166,10 +172,15 @@ def load_module(
     nothing from the file is executed.
 
     :raises ArtifactError: if the file is malformed or tampered with.
+    :raises ArtifactNotFoundError: if there is no such file (also a
+        :class:`FileNotFoundError`).
+    :raises ArtifactIOError: if it cannot be read (also an :class:`OSError`).
+    :raises ArgumentError: if ``lib`` is not a :class:`~asyncrt.Module`.
     :raises GraphError: if its graph is malformed.
     :raises ParamsError: if its params are corrupt.
     :raises KernelNotFoundError: if a kernel it needs is registered nowhere.
     """
+    _check_params_and_lib(None, lib)
     artifact = read_artifact(path)
     graph = load_graph(artifact.graph_json)
     params = load_param_dict(artifact.params)
@@ -184,3 +195,23 @@ def load_module(
             f"{os.fspath(path)} needs kernels registered nowhere: {', '.join(missing)}"
         )
     return factory
+
+
+def _check_params_and_lib(params: object, lib: object) -> None:
+    """Refuse, where they are given, the arguments that would only fail
+    later (a device passed where ``lib`` goes, a file name for params)."""
+    if params is not None and not isinstance(params, Mapping):
+        raise ArgumentError(
+            f"params must map names to arrays, got {type(params).__name__} "
+            f"{params!r:.60}; read a params file with asyncrt.load_param_dict"
+        )
+    if lib is not None and not isinstance(lib, Module):
+        hint = (
+            "; devices go by keyword: build(graph, params, devices=...)"
+            if isinstance(lib, (Device, str, list, tuple))
+            else ""
+        )
+        raise ArgumentError(
+            f"lib must be an asyncrt.Module or None, got {type(lib).__name__} "
+            f"{lib!r:.60}{hint}"
+        )
