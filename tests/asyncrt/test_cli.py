@@ -156,7 +156,7 @@ def test_profile_table_csv_json_and_files(
     assert code == 0
     assert "Time(us)" in out and "Total" in out and "2 run(s)" in out
     code, out, _ = run_main(capsys, "profile", "--runs", "2", "--csv", "--by", "op")
-    assert code == 0 and out.splitlines()[0] == "op,nodes,time_s,percent"
+    assert code == 0 and out.splitlines()[0] == "op,nodes,time_s,percent,kernels"
     trace, gantt, dump = tmp_path / "t.json", tmp_path / "g.png", tmp_path / "dump"
     code, out, err = run_main(
         capsys, "profile", "--runs", "2", "--json", "--sort", "name",
