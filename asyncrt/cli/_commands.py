@@ -399,7 +399,7 @@ async def cmd_profile(args: argparse.Namespace, out: Output) -> int:
         ]})  # fmt: skip
     else:
         out.line(f"Model: {model.name}")
-        numeric = ("Stream", "Nodes", "Time(us)", "Time(%)")
+        numeric = ("Stream", "Nodes", "Time(us)", "Time(%)", "Kernels")
         groupings: tuple[Literal["node", "op", "device"], ...] = (
             "node",
             "op",
