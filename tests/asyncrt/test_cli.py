@@ -480,3 +480,44 @@ def test_version_and_help_with_defaults(capsys: pytest.CaptureFixture[str]) -> N
     assert "measured runs (default: 10)" in text
     assert "placement policy (default: auto)" in text
     assert "compute streams per device (default: 1)" in text
+
+
+def _symbolic_batch(model: Any) -> Any:
+    """The model with its inputs' and outputs' first dimension made the
+    symbol ``batch``, as exporters write dynamic axes."""
+    for value in (*model.graph.input, *model.graph.output):
+        dim = value.type.tensor_type.shape.dim[0]
+        dim.Clear()
+        dim.dim_param = "batch"
+    return model
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "encoder_block"])
+def test_the_test_models_exported_with_a_symbolic_batch_run_and_profile(
+    tmp_path: Path, name: str
+) -> None:
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from .frontend import models
+
+    proto = _symbolic_batch(getattr(models, name)())
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(proto, str(path))
+    (declared,) = proto.graph.input
+    dims = [d.dim_value for d in declared.type.tensor_type.shape.dim[1:]]
+    x = np.random.default_rng(4).standard_normal((3, *dims)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    done = asyncrt_cli(
+        "run", str(path), "--input", f"{declared.name}={tmp_path / 'x.npy'}",
+        "--output", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {declared.name: x})[0]
+    np.testing.assert_allclose(
+        np.load(tmp_path / "out" / "output_0.npy"), expected, rtol=1e-4, atol=1e-4
+    )
+    done = asyncrt_cli("profile", str(path), "--runs", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "'batch' taken as 1" in done.stderr
+    assert json.loads(done.stdout)["runs"] == 2
