@@ -80,7 +80,7 @@ from .graph_executor import DeviceSpec, GraphModule, Params, parse_devices
 from .ops._kernels import Module
 from .runtime._context import RunContext
 from .runtime._options import ExecutorOptions, OptionOverrides
-from .tools._profile import ProfileReport
+from .tools._profile import ProfileReport, node_ops
 from .tools._time_evaluator import Progress, Schedule, Settings
 from .tools._timeline import save_chrome_trace
 from .tools._trace import Trace
@@ -167,7 +167,9 @@ class GraphModuleDebug(GraphModule):
             graph, lib, devices, options, params=params, on_context=self._traced
         )
         names = {nid: node.name for nid, node in enumerate(graph.nodes)}
-        self.trace = Trace(self.plan, names, recorder=self._recorder)
+        self.trace = Trace(
+            self.plan, names, recorder=self._recorder, ops=node_ops(graph)
+        )
         self._dump_root = root
         # Each node's stream (a node split into parts: its first part's).
         self._stream_of = {
@@ -190,10 +192,16 @@ class GraphModuleDebug(GraphModule):
 
     def _node_index(self, node: int | str) -> int:
         if isinstance(node, str):
-            for nid, graph_node in enumerate(self.graph.nodes):
-                if graph_node.name == node:
-                    return nid
-            raise InputError(f"graph has no node named {node!r}")
+            found = [n for n, g in enumerate(self.graph.nodes) if g.name == node]
+            if len(found) > 1:
+                # Real TVM files repeat operator names: never pick one silently.
+                raise InputError(
+                    f"node name {node!r} is ambiguous: nodes "
+                    f"{', '.join(map(str, found))} share it; give the node's index"
+                )
+            if not found:
+                raise InputError(f"graph has no node named {node!r}")
+            return found[0]
         if isinstance(node, bool) or not isinstance(node, int):
             raise InputError(f"a node is a name or an index, not {node!r}")
         if not 0 <= node < len(self.graph.nodes):
@@ -280,7 +288,9 @@ class GraphModuleDebug(GraphModule):
                 progress(done + 1, runs)
         context = hooks.context if hooks is not None else None
         traced = self._recorder.runs(context=context)[-runs:]
-        result.append(ProfileReport.from_runs(self.plan, traced, self.trace.names))
+        result.append(
+            ProfileReport.from_runs(self.plan, traced, self.trace.names, self.trace.ops)
+        )
 
     def run_individual(
         self,

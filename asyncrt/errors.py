@@ -6,6 +6,8 @@ re-exported here, so ``from asyncrt.errors import ...`` reaches every one.
 
 from __future__ import annotations
 
+import os
+
 from devices.errors import (
     AllocationError,
     AsyncrtError,
@@ -27,6 +29,8 @@ __all__ = (
     "AllocationError",
     "ArgumentError",
     "ArtifactError",
+    "ArtifactIOError",
+    "ArtifactNotFoundError",
     "AsyncrtError",
     "BusyError",
     "ClosedResourceError",
@@ -130,6 +134,32 @@ class ArtifactError(AsyncrtError, ValueError):
     def __init__(self, message: str, *, path: str) -> None:
         self.path = path
         super().__init__(f"{path}: {message}")
+
+
+class ArtifactIOError(ArtifactError, OSError):
+    """Raised when a module file cannot be read or written for a reason of
+    the operating system's (no permission, a full disk, a folder where the
+    file should be). It is also an :class:`OSError`, with ``errno``,
+    ``strerror`` and ``filename`` (the caller's path, never a temporary
+    file's) set as the operating system's own error would have them.
+
+    :ivar path: the file.
+    """
+
+    def __init__(self, message: str, *, path: str, errno: int | None = None) -> None:
+        super().__init__(message, path=path)
+        self.errno = errno
+        self.strerror = os.strerror(errno) if errno is not None else message
+        self.filename = path
+
+    def __str__(self) -> str:
+        # OSError's own text would be "[Errno 2] ...": keep asyncrt's message.
+        return str(self.args[0])
+
+
+class ArtifactNotFoundError(ArtifactIOError, FileNotFoundError):
+    """Raised when the module file to load does not exist, or the folder to
+    export one into does not; ``except FileNotFoundError`` catches it too."""
 
 
 class KernelNotFoundError(AsyncrtError, LookupError):

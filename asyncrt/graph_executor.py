@@ -178,12 +178,13 @@ def check_lib(lib: object) -> Module | None:
     if lib is None or isinstance(lib, Module):
         return lib
     hint = (
-        "; devices go in the devices argument"
+        "; devices go by keyword: devices=..."
         if isinstance(lib, (Device, str, list, tuple))
         else ""
     )
     raise ArgumentError(
-        f"lib must be an asyncrt.Module or None, got {type(lib).__name__} {lib!r}{hint}"
+        f"lib must be an asyncrt.Module or None, got {type(lib).__name__} "
+        f"{lib!r:.60}{hint}"
     )
 
 

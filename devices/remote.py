@@ -71,6 +71,7 @@ from ._device import Device
 from ._dtype import dtype_string
 from ._registry import get_api, register
 from ._remote_link import LinkFigures, measure
+from ._remote_link import describe as describe_link
 from ._remote_session import Session, Target
 from ._remote_stream import (
     RemoteAllocation,
@@ -201,6 +202,7 @@ class RemoteDeviceAPI(DeviceAPI):
             "host_latency": figures.host_latency,
             "peer_bandwidth": figures.peer_bandwidth,
             "peer_latency": figures.peer_latency,
+            "unresolved": figures.unresolved,
         }
 
     # -- memory ----------------------------------------------------------------
@@ -381,12 +383,7 @@ class Connection:
                 continue
             lines.append(
                 f"{device}: {attrs['worker']} ({attrs['local_device']}), "
-                f"{attrs['flops'] / 1e9:.1f} GFLOP/s, launch "
-                f"{attrs['launch_overhead'] * 1e3:.2f} ms, host link "
-                f"{attrs['host_latency'] * 1e3:.2f} ms + "
-                f"{attrs['host_bandwidth'] / 1e6:.0f} MB/s, peer link "
-                f"{attrs['peer_latency'] * 1e3:.2f} ms + "
-                f"{attrs['peer_bandwidth'] / 1e6:.0f} MB/s"
+                + describe_link(attrs)
             )
         return "\n".join(lines)
 

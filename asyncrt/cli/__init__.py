@@ -4,6 +4,9 @@
 
     $ asyncrt run                      # the built-in example, every device
     $ asyncrt run model.json --params model.params --input x=x.npy --output out/
+    $ asyncrt run model.onnx --shape x=1x3x224x224   # symbolic dimensions
+    $ asyncrt run bert.onnx --input inputs.npz        # one array per input
+    $ asyncrt plan deploy.json --import my_kernels    # kernels from a module
     $ asyncrt devices
     $ asyncrt plan model.onnx --dot plan.png
     $ asyncrt profile model.zip --runs 20 --sort time --trace trace.json

@@ -26,7 +26,15 @@ from ..tools._pictures import save_gantt, save_plan_picture
 from ..tools._time_evaluator import time_evaluator
 from ..tools._timeline import save_chrome_trace
 from ._console import Output
-from ._models import Model, load_model, make_inputs, pick_devices
+from ._models import (
+    Given,
+    Model,
+    check_kernels,
+    import_modules,
+    load_model,
+    make_inputs,
+    pick_devices,
+)
 
 __all__ = ("COMMANDS",)
 
@@ -75,14 +83,27 @@ def _with_params(ex: _Executor, model: Model) -> _Executor:
     return ex
 
 
+def _load(args: argparse.Namespace, out: Output) -> tuple[Model, Given]:
+    """The model of the arguments, after importing their modules."""
+    import_modules(args.imports)
+    given = Given(args.input, args.shape)
+    model = load_model(args.model, args.params, given)
+    for note in model.notes:
+        out.note(note)
+    return model, given
+
+
 def _prepare(
     args: argparse.Namespace, out: Output
 ) -> tuple[Model, list[Device], dict[str, Any]]:
-    model = load_model(args.model, args.params)
+    model, given = _load(args, out)
     devices = pick_devices(args.device)
-    inputs, randomised = make_inputs(model, args.input)
+    check_kernels(model, devices)
+    inputs, randomised, notes = make_inputs(model, given)
     if randomised:
         out.note(f"random data (seed 0) for input(s): {', '.join(randomised)}")
+    for note in notes:
+        out.note(note)
     return model, devices, inputs
 
 
@@ -178,8 +199,10 @@ async def cmd_devices(args: argparse.Namespace, out: Output) -> int:
     for item in found:
         memory = item.get("total_global_memory")
         flops = item.get("flops")
-        link = item.get("host_bandwidth")
-        latency = item.get("host_latency")
+        # A remote device's figures its probes could not resolve are unknown.
+        unresolved = item.get("unresolved", ())
+        link = None if "host_bandwidth" in unresolved else item.get("host_bandwidth")
+        latency = None if "host_latency" in unresolved else item.get("host_latency")
         rows.append(
             [
                 item["device"],
@@ -322,8 +345,9 @@ def _check(
 
 async def cmd_plan(args: argparse.Namespace, out: Output) -> int:
     """Show a model's plan, and draw it."""
-    model = load_model(args.model, args.params)
+    model, _ = _load(args, out)
     devices = pick_devices(args.device)
+    check_kernels(model, devices)
     with _executor(model, devices, args) as ex:
         plan = ex.plan
     written = save_plan_picture(plan, args.dot) if args.dot else None
@@ -375,7 +399,7 @@ async def cmd_profile(args: argparse.Namespace, out: Output) -> int:
         ]})  # fmt: skip
     else:
         out.line(f"Model: {model.name}")
-        numeric = ("Stream", "Nodes", "Time(us)", "Time(%)")
+        numeric = ("Stream", "Nodes", "Time(us)", "Time(%)", "Kernels")
         groupings: tuple[Literal["node", "op", "device"], ...] = (
             "node",
             "op",

@@ -6,6 +6,7 @@ import argparse
 
 from scheduler.placement import POLICY_NAMES
 
+from .. import __version__
 from ..tools._profile import SORT_KEYS
 
 __all__ = ("build_parser",)
@@ -29,6 +30,25 @@ def _milliseconds(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text} is not a duration >= 0")
     return value
+
+
+class _Help(argparse.HelpFormatter):
+    """Help that shows each option's default where it has one worth saying
+    (not for flags, and not where the help already says it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or not action.option_strings
+            or default is None
+            or isinstance(default, bool)  # a flag: its help says what it does
+            or default == []
+            or default == argparse.SUPPRESS
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +91,27 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=FILE.npy",
-        help="an input's value (repeat); inputs not given get random data",
+        help="an input's value (repeat); FILE.npz alone gives one input per "
+        "array, by the arrays' names; inputs not given get seeded random data "
+        "(integer indices within the table they index)",
+    )
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=1x3x224x224",
+        help="an input's shape, for an ONNX model with symbolic dimensions "
+        "(repeat); shapes also come from --input arrays, and a symbol given "
+        "nowhere is taken as 1",
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a module (a dotted name, or a .py file) that registers "
+        "kernels, before loading the model (repeat)",
     )
 
 
@@ -86,11 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrt",
         description="Run computation graphs across devices, and see what happens.",
+        formatter_class=_Help,
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser(
-        "run", help="run a model (or the built-in example) and print its outputs"
+        "run",
+        formatter_class=_Help,
+        help="run a model (or the built-in example) and print its outputs",
     )
     _model_arguments(run)
     run.add_argument("--output", metavar="DIR", help="save the outputs as .npy here")
@@ -99,10 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _json(run)
 
-    devices = commands.add_parser("devices", help="list devices and their attributes")
+    devices = commands.add_parser(
+        "devices", formatter_class=_Help, help="list devices and their attributes"
+    )
     _json(devices)
 
-    plan = commands.add_parser("plan", help="show the plan of a model")
+    plan = commands.add_parser(
+        "plan", formatter_class=_Help, help="show the plan of a model"
+    )
     _model_arguments(plan)
     plan.add_argument(
         "--dot",
@@ -111,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _json(plan)
 
-    profile = commands.add_parser("profile", help="per-node times of a model")
+    profile = commands.add_parser(
+        "profile", formatter_class=_Help, help="per-node times of a model"
+    )
     _model_arguments(profile)
     profile.add_argument(
         "--runs", type=_positive, default=10, metavar="N", help="measured runs"
@@ -126,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--by",
         choices=("node", "op", "device"),
         default="node",
-        help="the table --csv prints",
+        help="the table --csv prints (op: by operator type, such as Conv)",
     )
     profile.add_argument("--csv", action="store_true", help="print CSV for machines")
     profile.add_argument("--trace", metavar="FILE", help="write the runs' timeline")
@@ -138,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _json(profile)
 
-    bench = commands.add_parser("bench", help="time a model's runs")
+    bench = commands.add_parser(
+        "bench", formatter_class=_Help, help="time a model's runs"
+    )
     _model_arguments(bench)
     bench.add_argument(
         "--number", type=_positive, default=5, metavar="N", help="runs per measurement"

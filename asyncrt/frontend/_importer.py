@@ -107,7 +107,8 @@ def from_onnx(
 
     :param model: a ``ModelProto``, a path to an ``.onnx`` file, or its bytes.
     :param shape_dict: input shapes by name, for inputs whose declared shape
-        has symbolic or unknown dimensions (or to override it).
+        has symbolic or unknown dimensions (a dimension the model fixes must
+        be given as it is).
     :param bind: graph inputs fixed to values at import time; they become
         constants (folded where they decide shapes). See
         :func:`static_inputs` for the inputs a model needs bound.
@@ -120,7 +121,8 @@ def from_onnx(
     :return: the graph and its parameters by name (initializers and folded
         constants that kernels read).
     :raises GraphError: if the model is unreadable or invalid, an input's
-        shape is unknown, or a name in ``shape_dict``/``bind`` is no input.
+        shape is unknown, a name in ``shape_dict``/``bind`` is no input, or
+        ``shape_dict`` contradicts a dimension the model fixes.
     :raises UnsupportedOpError: for an operator, attribute, dtype or dynamic
         shape asyncrt does not implement (naming node, operator and opset).
     """
@@ -222,6 +224,8 @@ class _Importer:
                 raise GraphError(
                     f"shape_dict gives a negative dimension: {shape}", node=name
                 )
+            if tensor.HasField("shape"):
+                _check_given_shape(name, shape, tensor.shape)
             return shape, dtype
         if not tensor.HasField("shape"):
             raise GraphError(
@@ -442,6 +446,28 @@ def _host_kernel(context: NodeContext, call: Call) -> Callable[..., Any]:
         return definition.make(np, json.loads(encode_attrs(call.attrs)))
     except (ValueError, TypeError, KeyError) as exc:
         raise context.unsupported(f"cannot configure its kernel: {exc}") from exc
+
+
+def _check_given_shape(
+    name: str, shape: tuple[int, ...], declared: onnx.TensorShapeProto
+) -> None:
+    """Refuse a ``shape_dict`` entry that contradicts the model: it may fix
+    symbolic or unknown dimensions, never change fixed ones (ONNX Runtime
+    refuses such an input too)."""
+    if len(shape) != len(declared.dim):
+        raise GraphError(
+            f"shape_dict gives {len(shape)} dimension(s) {shape}, but the model "
+            f"declares {len(declared.dim)}",
+            node=name,
+        )
+    for axis, (given, dim) in enumerate(zip(shape, declared.dim, strict=True)):
+        if dim.HasField("dim_value") and given != dim.dim_value:
+            raise GraphError(
+                f"shape_dict gives dimension {axis} as {given}, but the model "
+                f"fixes it at {dim.dim_value}; only symbolic dimensions can be "
+                "given",
+                node=name,
+            )
 
 
 def _trailing_empty(node: onnx.NodeProto) -> int:

@@ -28,6 +28,7 @@ from ._model import (
     NodeEntry,
     graph_error,
 )
+from ._shape_rules import mismatch
 
 __all__ = ("GraphBuilder", "TensorHandle")
 
@@ -152,7 +153,10 @@ class GraphBuilder:
         :param attrs: extra string attributes for the kernel.
         :return: a handle, or a tuple of handles when ``outputs`` is given.
         :raises GraphError: if an argument is invalid, a handle comes from
-            another builder, or the name is taken.
+            another builder, the name is taken, or a built-in kernel whose
+            shape rule asyncrt knows (``matmul``, ``add``, ``relu``, ...; see
+            :mod:`asyncrt.graph._shape_rules`) makes another output than the
+            one declared.
         """
         # Validate everything before claiming the name, so a failed call
         # leaves the builder as it was.
@@ -188,6 +192,13 @@ class GraphBuilder:
         if device is not None:
             node_attrs[DEVICE_ATTR] = str(_device(device, node_name))
         refs = tuple(self._ref(h, node_name, i) for i, h in enumerate(inputs))
+        problem = mismatch(
+            func_name,
+            [self._spec(ref) for ref in refs],
+            [(out.shape, out.dtype) for out in specs],
+        )
+        if problem is not None:
+            raise graph_error(problem, node=node_name)
         node_name = self._claim(name) if name is not None else self._fresh(func_name)
         handles = self._add(Node(TVM_OP, node_name, refs, node_attrs), specs)
         return handles if outputs is not None else handles[0]
@@ -244,6 +255,10 @@ class GraphBuilder:
             n += 1
             name = f"{base}_{n}"
         return self._claim(name)
+
+    def _spec(self, ref: NodeEntry) -> tuple[tuple[int, ...], str]:
+        out = self._outputs[ref.nid][ref.index]
+        return out.shape, out.dtype
 
     def _ref(self, handle: object, node: str | None, pos: int) -> NodeEntry:
         if not isinstance(handle, TensorHandle) or handle._owner != id(self):

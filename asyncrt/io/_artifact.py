@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, ArtifactIOError, ArtifactNotFoundError
 
 __all__ = (
     "FORMAT_NAME",
@@ -103,7 +103,10 @@ def write_artifact(path: str | os.PathLike[str], artifact: Artifact) -> None:
     :param artifact: what to write.
     :raises ArtifactError: if the artifact is invalid (field types, names
         that are not plain identifiers, graph JSON that does not parse).
-    :raises OSError: if the file cannot be written.
+    :raises ArtifactNotFoundError: if the folder to write into does not
+        exist (also a :class:`FileNotFoundError`).
+    :raises ArtifactIOError: if the file cannot be written otherwise (also
+        an :class:`OSError`); both name ``path``, not the temporary file.
     """
     where = os.fspath(path)
     _check_artifact(artifact, where)
@@ -121,6 +124,24 @@ def write_artifact(path: str | os.PathLike[str], artifact: Artifact) -> None:
         (PARAMS, bytes(artifact.params), zipfile.ZIP_STORED),
     )
     directory = os.path.dirname(os.path.abspath(where))
+    try:
+        _write_atomically(where, directory, members)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise ArtifactNotFoundError(
+                f"cannot write: the folder {directory} does not exist",
+                path=where,
+                errno=exc.errno,
+            ) from exc
+        reason = exc.strerror or str(exc)
+        raise ArtifactIOError(
+            f"cannot write: {reason}", path=where, errno=exc.errno
+        ) from exc
+
+
+def _write_atomically(
+    where: str, directory: str, members: tuple[tuple[str, bytes, int], ...]
+) -> None:
     fd, tmp = tempfile.mkstemp(
         dir=directory, prefix=f".{os.path.basename(where)}.", suffix=".tmp"
     )
@@ -159,10 +180,24 @@ def read_artifact(
         unsupported compression, a member larger than its limit, a CRC
         mismatch, JSON that does not parse, or a manifest with the wrong
         format, version, keys or field types.
-    :raises OSError: if the file cannot be opened.
+    :raises ArtifactNotFoundError: if there is no such file (also a
+        :class:`FileNotFoundError`).
+    :raises ArtifactIOError: if it cannot be opened otherwise (also an
+        :class:`OSError`).
     """
     where = os.fspath(path)
-    with open(where, "rb") as fh:
+    try:
+        opened = open(where, "rb")  # noqa: SIM115 (closed by the with below)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise ArtifactNotFoundError(
+                "no such file", path=where, errno=exc.errno
+            ) from exc
+        reason = exc.strerror or str(exc)
+        raise ArtifactIOError(
+            f"cannot read: {reason}", path=where, errno=exc.errno
+        ) from exc
+    with opened as fh:
         try:
             return _read(fh, where, max_params_bytes, max_json_bytes)
         except ArtifactError:

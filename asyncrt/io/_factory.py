@@ -25,7 +25,7 @@ from typing_extensions import Unpack
 
 from devices import NDArray
 
-from ..errors import KernelNotFoundError
+from ..errors import ArgumentError, KernelNotFoundError
 from ..graph import Graph, load_graph
 from ..graph_executor import DeviceSpec, GraphModule, check_lib, create
 from ..ops import register_graph_kernels
@@ -47,7 +47,8 @@ class GraphExecutorFactory:
     :param devices: the devices :meth:`create` uses by default (``"cpu"``
         when ``None``).
     :param options: the executor options :meth:`create` starts from.
-    :raises ArgumentError: if ``lib`` is not a kernel module.
+    :raises ArgumentError: if ``params`` is not a mapping or ``lib`` not a
+        :class:`~asyncrt.Module`.
     :raises GraphError: if a node names a kernel library op with bad
         attributes.
     """
@@ -62,6 +63,7 @@ class GraphExecutorFactory:
         devices: DeviceSpec | None = None,
         options: ExecutorOptions | None = None,
     ) -> None:
+        _check_params(params)
         register_graph_kernels(graph)
         self.graph = graph
         self.lib = check_lib(lib)
@@ -158,10 +160,13 @@ def build(
     :param options: the executor options executors start from.
     :param overrides: options changed from those (every option of
         :func:`asyncrt.graph_executor.create`, validated now).
-    :raises ArgumentError: for a ``lib`` that is not a kernel module (a
-        device goes in ``devices``), an unknown option or a bad value.
+    :raises ArgumentError: if ``params`` is not a mapping, ``lib`` not a
+        :class:`~asyncrt.Module` (devices go by keyword: ``devices=``), or
+        for an unknown option or a bad value.
     :raises GraphError: if the graph is malformed.
     """
+    _check_params(params)
+    check_lib(lib)
     loaded = graph if isinstance(graph, Graph) else load_graph(graph)
     return GraphExecutorFactory(
         loaded,
@@ -181,10 +186,15 @@ def load_module(
     nothing from the file is executed.
 
     :raises ArtifactError: if the file is malformed or tampered with.
+    :raises ArtifactNotFoundError: if there is no such file (also a
+        :class:`FileNotFoundError`).
+    :raises ArtifactIOError: if it cannot be read (also an :class:`OSError`).
+    :raises ArgumentError: if ``lib`` is not a :class:`~asyncrt.Module`.
     :raises GraphError: if its graph is malformed.
     :raises ParamsError: if its params are corrupt.
     :raises KernelNotFoundError: if a kernel it needs is registered nowhere.
     """
+    check_lib(lib)
     artifact = read_artifact(path)
     graph = load_graph(artifact.graph_json)
     params = load_param_dict(artifact.params)
@@ -199,3 +209,13 @@ def load_module(
             f"{os.fspath(path)} needs kernels registered nowhere: {', '.join(missing)}"
         )
     return factory
+
+
+def _check_params(params: object) -> None:
+    """Refuse, where they are given, params that would only fail later (a
+    file name instead of a mapping)."""
+    if params is not None and not isinstance(params, Mapping):
+        raise ArgumentError(
+            f"params must map names to arrays, got {type(params).__name__} "
+            f"{params!r:.60}; read a params file with asyncrt.load_param_dict"
+        )

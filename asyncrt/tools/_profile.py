@@ -7,9 +7,13 @@ over the complete runs, of its device time (see :mod:`scheduler.trace`:
 modelled on ``sim``, CUDA events on ``cuda``, wall time on ``cpu``); a
 node's share is its part of the sum of all node times (TVM's ``Time(%)``).
 Copies the planner inserted between devices are rows too (op ``__copy``).
-It prints as a text table, sorts by any column, and exports to JSON and
-CSV. Times are in seconds in the data and the exports, microseconds in the
-text table.
+A node is grouped by its operator type, not its kernel: the ONNX operator it
+came from (``Conv``), else the kernel library's op (``conv``), else the
+kernel's name; kernels configured by attributes are named by a digest
+(``conv.11218daf9cccc6b0``), so the report shows their configuration
+(``group=1 pads=1,1,1,1 strides=1,1``) beside the type instead. It prints
+as a text table, sorts by any column, and exports to JSON and CSV. Times
+are in seconds in the data and the exports, microseconds in the text table.
 """
 
 from __future__ import annotations
@@ -27,13 +31,88 @@ from scheduler.plan import Launch, Plan
 from scheduler.trace import RunTrace
 
 from ..errors import ArgumentError
+from ..graph import Graph
+from ..ops import OP_ATTRS_ATTR, OP_NAME_ATTR
 
-__all__ = ("SORT_KEYS", "GroupProfile", "NodeProfile", "ProfileReport")
+__all__ = (
+    "SORT_KEYS",
+    "GroupProfile",
+    "NodeOp",
+    "NodeProfile",
+    "ProfileReport",
+    "node_ops",
+)
 
 GroupBy = Literal["node", "op", "device"]
 
 #: Columns a report sorts by; ``"order"`` is the order the nodes ran in.
 SORT_KEYS = ("time", "name", "op", "device", "stream", "order")
+
+#: The node attr naming the ONNX operator a node came from (the frontend's
+#: ``ONNX_OP_ATTR``; spelt here so profiling never imports onnx).
+_ONNX_OP_ATTR = "onnx_op"
+#: Where a configuration is cut in tables (the JSON and CSV keep it whole).
+_CONFIG_WIDTH = 72
+#: Attributes that tell configurations apart best come first, so that a cut
+#: keeps them; the rest follow alphabetically.
+_FIRST = {
+    key: rank
+    for rank, key in enumerate(
+        ("kernel_shape", "strides", "pads", "group", "dilations", "axis", "axes")
+    )
+}
+
+
+@dataclass(frozen=True)
+class NodeOp:
+    """What a graph node runs, for grouping: see the module docstring.
+
+    :ivar func_name: the node's kernel (the report uses this record only for
+        launches of that kernel: a fused node runs another).
+    :ivar op_type: the operator type (``Conv``, ``conv`` or the kernel name).
+    :ivar config: the kernel's attributes as short text (``""``: none).
+    """
+
+    func_name: str
+    op_type: str
+    config: str
+
+
+def node_ops(graph: Graph) -> dict[int, NodeOp]:
+    """The operator type and configuration of every operator node of
+    ``graph``, by node id."""
+    found = {}
+    for nid, node in enumerate(graph.nodes):
+        if node.is_null:
+            continue
+        attrs = node.attrs
+        op_type = attrs.get(_ONNX_OP_ATTR) or attrs.get(OP_NAME_ATTR) or node.func_name
+        found[nid] = NodeOp(node.func_name, op_type, _config(attrs.get(OP_ATTRS_ATTR)))
+    return found
+
+
+def _config(encoded: str | None) -> str:
+    """``{"pads": [1, 1], "group": 1}`` as ``group=1 pads=1,1``."""
+    if not encoded:
+        return ""
+    try:
+        attrs = json.loads(encoded)
+    except ValueError:
+        return encoded
+    if not isinstance(attrs, dict):
+        return encoded
+    keys = sorted(attrs, key=lambda k: (_FIRST.get(k, len(_FIRST)), k))
+    return " ".join(f"{key}={_value(attrs[key])}" for key in keys)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, list):
+        if all(isinstance(v, list) for v in value) and value:
+            return ";".join(_value(v) for v in value)
+        return ",".join(_value(v) for v in value)
+    if value is None:
+        return "none"
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -53,6 +132,9 @@ class NodeProfile:
     :ivar inputs: what it reads, as ``name`` or ``name:index``.
     :ivar measurements: its device time in each run, seconds.
     :ivar order: its position when the nodes are ordered by mean start.
+    :ivar op_type: its operator type (``Conv``), where it is known and not
+        the kernel itself (``""``: the same as ``op``).
+    :ivar config: its kernel's configuration as text (``""``: none).
     """
 
     nid: int
@@ -68,6 +150,13 @@ class NodeProfile:
     inputs: tuple[str, ...]
     measurements: tuple[float, ...]
     order: int
+    op_type: str = ""
+    config: str = ""
+
+    @property
+    def kind(self) -> str:
+        """What the node is grouped by: its operator type, else its kernel."""
+        return self.op_type or self.op
 
     def to_dict(self) -> dict[str, Any]:
         """The line as plain data (seconds)."""
@@ -84,6 +173,8 @@ class NodeProfile:
             "dtypes": list(self.dtypes),
             "inputs": list(self.inputs),
             "measurements": list(self.measurements),
+            "op_type": self.kind,
+            "config": self.config,
         }
 
 
@@ -91,16 +182,18 @@ class NodeProfile:
 class GroupProfile:
     """The nodes of one op or one device, summed.
 
-    :ivar key: the op or the device.
+    :ivar key: the operator type or the device.
     :ivar count: how many nodes.
     :ivar time: their summed mean device times, seconds.
     :ivar percent: their share of the sum of all node times.
+    :ivar kernels: how many distinct kernels (configurations) they ran.
     """
 
     key: str
     count: int
     time: float
     percent: float
+    kernels: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """The line as plain data (seconds)."""
@@ -109,13 +202,14 @@ class GroupProfile:
             "count": self.count,
             "time": self.time,
             "percent": self.percent,
+            "kernels": self.kernels,
         }
 
 
 _NODE_SORT: dict[str, Callable[[NodeProfile], Any]] = {
     "time": lambda n: n.time,
     "name": lambda n: n.name,
-    "op": lambda n: (n.op, -n.time),
+    "op": lambda n: (n.kind, -n.time),
     "device": lambda n: (n.device, -n.time),
     "stream": lambda n: (n.stream, n.order),
     "order": lambda n: n.order,
@@ -148,7 +242,11 @@ class ProfileReport:
 
     @classmethod
     def from_runs(
-        cls, plan: Plan, runs: Sequence[RunTrace], names: Mapping[int, str]
+        cls,
+        plan: Plan,
+        runs: Sequence[RunTrace],
+        names: Mapping[int, str],
+        ops: Mapping[int, NodeOp] | None = None,
     ) -> ProfileReport:
         """Build the report of ``runs`` (only complete ones count).
 
@@ -156,6 +254,8 @@ class ProfileReport:
         :param runs: traced runs of it.
         :param names: node names by id (the graph's; copies are named by
             their launches).
+        :param ops: the graph's operator types and configurations
+            (:func:`node_ops`); without them nodes are grouped by kernel.
         :raises ArgumentError: if no run is complete.
         """
         complete = [r for r in runs if r.complete]
@@ -199,6 +299,9 @@ class ProfileReport:
         for nid in by_start:
             launch, device, stream = where[nid]
             outputs = launch.args[launch.num_inputs :]
+            op = (ops or {}).get(nid)
+            if op is not None and op.func_name != launch.func_name:
+                op = None  # the node was fused into another kernel
             nodes.append(
                 NodeProfile(
                     nid=nid,
@@ -217,6 +320,8 @@ class ProfileReport:
                     ),
                     measurements=tuple(device_times[nid]),
                     order=order[nid],
+                    op_type=op.op_type if op is not None else "",
+                    config=op.config if op is not None else "",
                 )
             )
         run_time = statistics.fmean(r.end - r.start for r in complete)
@@ -243,8 +348,9 @@ class ProfileReport:
         return ProfileReport(nodes, self.runs, self.run_time, self.total)
 
     def by_op(self) -> tuple[GroupProfile, ...]:
-        """Times summed per op, slowest first."""
-        return self._group(lambda n: n.op)
+        """Times summed per operator type (:attr:`NodeProfile.kind`),
+        slowest first."""
+        return self._group(lambda n: n.kind)
 
     def by_device(self) -> tuple[GroupProfile, ...]:
         """Times summed per device, slowest first."""
@@ -263,11 +369,19 @@ class ProfileReport:
 
     def _group(self, key: Callable[[NodeProfile], str]) -> tuple[GroupProfile, ...]:
         times: dict[str, list[float]] = {}
+        kernels: dict[str, set[str]] = {}
         for node in self.nodes:
             times.setdefault(key(node), []).append(node.time)
+            kernels.setdefault(key(node), set()).add(node.op)
         total = self.total
         groups = [
-            GroupProfile(k, len(t), sum(t), 100.0 * sum(t) / total if total else 0.0)
+            GroupProfile(
+                k,
+                len(t),
+                sum(t),
+                100.0 * sum(t) / total if total else 0.0,
+                len(kernels[k]),
+            )
             for k, t in times.items()
         ]
         return tuple(sorted(groups, key=lambda g: (-g.time, g.key)))
@@ -290,9 +404,15 @@ class ProfileReport:
         total = f"{1e6 * self.total:.3f}"
         if by == "node":
             rows = [node_row(n) for n in self.nodes]
-            rows.append(["Total", "-", "-", "-", total, "100.000", "-", "-"])
+            rows.append(["Total", "-", "-", "-", total, "100.000", "-", "-", "-"])
             return NODE_COLUMNS, rows
-        rows = [group_row(g) for g in self.groups(by)]
+        groups = self.groups(by)
+        if by == "op":
+            rows = [[*group_row(g), str(g.kernels)] for g in groups]
+            kernels = len({n.op for n in self.nodes})
+            rows.append(["Total", str(len(self.nodes)), total, "100.000", str(kernels)])
+            return (*group_columns(by), "Kernels"), rows
+        rows = [group_row(g) for g in groups]
         rows.append(["Total", str(len(self.nodes)), total, "100.000"])
         return group_columns(by), rows
 
@@ -342,7 +462,7 @@ class ProfileReport:
             writer.writerow(
                 [
                     "name", "op", "device", "stream", "time_s", "wall_s",
-                    "percent", "shape", "dtype", "inputs",
+                    "percent", "shape", "dtype", "inputs", "op_type", "config",
                 ]
             )  # fmt: skip
             for n in self.nodes:
@@ -350,14 +470,18 @@ class ProfileReport:
                     [
                         n.name, n.op, n.device, n.stream, f"{n.time:.9f}",
                         f"{n.wall:.9f}", f"{n.percent:.3f}", _shapes(n.shapes),
-                        ";".join(n.dtypes), ";".join(n.inputs),
+                        ";".join(n.dtypes), ";".join(n.inputs), n.kind, n.config,
                     ]
                 )  # fmt: skip
         else:
             groups = self.groups(by)
-            writer.writerow([by, "nodes", "time_s", "percent"])
+            extra = ["kernels"] if by == "op" else []
+            writer.writerow([by, "nodes", "time_s", "percent", *extra])
             for g in groups:
-                writer.writerow([g.key, g.count, f"{g.time:.9f}", f"{g.percent:.3f}"])
+                kernels = [g.kernels] if by == "op" else []
+                writer.writerow(
+                    [g.key, g.count, f"{g.time:.9f}", f"{g.percent:.3f}", *kernels]
+                )
         return out.getvalue()
 
 
@@ -371,6 +495,7 @@ NODE_COLUMNS = (
     "Time(%)",
     "Shape",
     "Inputs",
+    "Config",
 )
 
 
@@ -380,16 +505,21 @@ def group_columns(by: str) -> tuple[str, ...]:
 
 
 def node_row(node: NodeProfile) -> list[str]:
-    """One node as table cells."""
+    """One node as table cells (its operator type in the Op column, its
+    configuration, cut to a table's width, in the last)."""
+    config = node.config
+    if len(config) > _CONFIG_WIDTH:
+        config = config[: _CONFIG_WIDTH - 3] + "..."
     return [
         node.name,
-        node.op,
+        node.kind,
         node.device,
         str(node.stream),
         f"{1e6 * node.time:.3f}",
         f"{node.percent:.3f}",
         _shapes(node.shapes),
         ", ".join(node.inputs),
+        config or "-",
     ]
 
 

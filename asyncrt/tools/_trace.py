@@ -12,7 +12,7 @@ from scheduler.plan import Plan
 from scheduler.trace import RunTrace, TraceRecorder
 
 from ._pictures import save_gantt
-from ._profile import ProfileReport
+from ._profile import NodeOp, ProfileReport
 from ._timeline import chrome_trace, save_chrome_trace
 
 __all__ = ("Trace",)
@@ -24,14 +24,21 @@ class Trace:
     :param plan: the executor's plan.
     :param names: node names by id.
     :param recorder: the recorder the executor's programs trace into.
+    :param ops: operator types and configurations by node id, for the
+        report's grouping (:func:`~asyncrt.tools._profile.node_ops`).
     """
 
     def __init__(
-        self, plan: Plan, names: Mapping[int, str], recorder: TraceRecorder
+        self,
+        plan: Plan,
+        names: Mapping[int, str],
+        recorder: TraceRecorder,
+        ops: Mapping[int, NodeOp] | None = None,
     ) -> None:
         self.plan = plan
         self.names = dict(names)
         self.recorder = recorder
+        self.ops = dict(ops or {})
 
     def runs(self) -> list[RunTrace]:
         """The finished runs, oldest first."""
@@ -46,7 +53,7 @@ class Trace:
 
         :raises ArgumentError: if no run is complete.
         """
-        return ProfileReport.from_runs(self.plan, self.runs(), self.names)
+        return ProfileReport.from_runs(self.plan, self.runs(), self.names, self.ops)
 
     def chrome_trace(self) -> dict[str, Any]:
         """The runs as a Chrome trace / Perfetto JSON object."""

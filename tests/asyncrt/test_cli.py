@@ -3,6 +3,8 @@ and ``python -m asyncrt``), the rest through ``main()`` in this process."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import subprocess
 import sys
@@ -156,7 +158,7 @@ def test_profile_table_csv_json_and_files(
     assert code == 0
     assert "Time(us)" in out and "Total" in out and "2 run(s)" in out
     code, out, _ = run_main(capsys, "profile", "--runs", "2", "--csv", "--by", "op")
-    assert code == 0 and out.splitlines()[0] == "op,nodes,time_s,percent"
+    assert code == 0 and out.splitlines()[0] == "op,nodes,time_s,percent,kernels"
     trace, gantt, dump = tmp_path / "t.json", tmp_path / "g.png", tmp_path / "dump"
     code, out, err = run_main(
         capsys, "profile", "--runs", "2", "--json", "--sort", "name",
@@ -233,7 +235,7 @@ def test_bad_npy_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
     junk = tmp_path / "junk.npy"
     junk.write_bytes(b"not numpy")
     code, _, err = run_main(capsys, "run", "--input", f"x={junk}")
-    assert code == 1 and "not a readable .npy file" in err
+    assert code == 1 and "not a readable .npy or .npz file" in err
 
 
 def test_onnx_without_frontend_is_a_clear_error(
@@ -251,3 +253,271 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         main(["bench", "--repeat", "0"])
     assert info.value.code == 2
     assert "--repeat: 0 is not >= 1" in capsys.readouterr().err
+
+
+# -- exported ONNX models with symbolic dimensions, from the command line only ------
+
+
+def onnx_cnn(path: Path, batch: str | int = "batch") -> Path:
+    """Conv -> Relu -> GlobalAveragePool over ``x: [batch, 3, 8, 8]``, as an
+    exporter writes it with a dynamic batch axis."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from .frontend.models import model_of
+
+    weights = np.random.default_rng(5).standard_normal((4, 3, 3, 3))
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("GlobalAveragePool", ["r"], ["y"], name="gap"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4, 1, 1])],
+        [numpy_helper.from_array(weights.astype(np.float32), "w")],
+    )
+    onnx.save(model_of(graph, 17), str(path))
+    return path
+
+
+def onnx_bert(path: Path, dims: tuple[str | int, str | int] = ("batch", "seq")) -> Path:
+    """BERT's embeddings: word and token-type tables gathered by two int64
+    inputs (the token-type table has 2 rows), summed, normalised, projected."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from .frontend.models import model_of
+
+    rng = np.random.default_rng(9)
+    tables = {
+        "word_embeddings": rng.standard_normal((50, 8)),
+        "token_type_embeddings": rng.standard_normal((2, 8)),
+        "ln_scale": np.ones(8),
+        "ln_bias": np.zeros(8),
+        "proj": rng.standard_normal((8, 4)),
+    }
+    nodes = [
+        helper.make_node("Gather", ["word_embeddings", "input_ids"], ["we"]),
+        helper.make_node("Gather", ["token_type_embeddings", "token_type_ids"], ["te"]),
+        helper.make_node("Add", ["we", "te"], ["emb"]),
+        helper.make_node(
+            "LayerNormalization", ["emb", "ln_scale", "ln_bias"], ["ln"], axis=-1
+        ),
+        helper.make_node("MatMul", ["ln", "proj"], ["y"]),
+    ]
+    ids = [
+        helper.make_tensor_value_info(name, TensorProto.INT64, list(dims))
+        for name in ("input_ids", "token_type_ids")
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bert_embeddings",
+        ids,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*dims, 4])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in tables.items()],
+    )
+    onnx.save(model_of(graph, 17), str(path))
+    return path
+
+
+def test_run_an_onnx_model_with_a_symbolic_batch_from_the_command_line(
+    tmp_path: Path,
+) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    model = onnx_cnn(tmp_path / "cnn.onnx")
+    x = np.random.default_rng(0).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    # The batch comes from the array given.
+    done = asyncrt_cli(
+        "run", str(model), "--input", f"x={tmp_path / 'x.npy'}", "--device", "cpu",
+        "--output", str(tmp_path / "out"), "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["outputs"][0]["shape"] == [3, 4, 1, 1]
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(
+        np.load(tmp_path / "out" / "output_0.npy"), expected, rtol=1e-4, atol=1e-5
+    )
+    # From --shape, with random data; and with nothing, the symbol is 1.
+    done = asyncrt_cli("run", str(model), "--shape", "x=2x3x8x8", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["outputs"][0]["shape"] == [2, 4, 1, 1]
+    done = asyncrt_cli("run", str(model), "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    assert "'batch' taken as 1" in done.stderr and "(1, 4, 1, 1)" in done.stdout
+
+
+def test_profile_a_bert_style_model_out_of_the_box(tmp_path: Path) -> None:
+    # Random token types 0..9 would index past the 2-row table: they are
+    # drawn within each table the input indexes instead.
+    model = onnx_bert(tmp_path / "bert.onnx")
+    done = asyncrt_cli(
+        "profile", str(model), "--shape", "input_ids=2x16", "--runs", "2",
+        "--device", "cpu", "--csv", "--by", "op",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    ops = {row["op"]: row for row in rows}
+    assert ops["Gather"]["nodes"] == "2"
+    assert {"Gather", "Add", "LayerNormalization", "MatMul"} <= set(ops)
+    # token_type_ids shares input_ids's symbols, so it is 2x16 too.
+    done = asyncrt_cli(
+        "run", str(model), "--shape", "input_ids=2x16", "--device", "cpu", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["outputs"][0]["shape"] == [2, 16, 4]
+
+
+def test_integer_inputs_that_index_get_values_within_the_table(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    model = onnx_bert(tmp_path / "bert.onnx", dims=(4, 64))  # fixed shapes
+    code, out, err = run_main(capsys, "profile", str(model), "--runs", "1",
+                              "--device", "cpu")  # fmt: skip
+    assert code == 0, err
+    assert "Gather" in out and "conv." not in out
+
+
+def test_inputs_from_an_npz_archive_and_their_errors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    model = onnx_bert(tmp_path / "bert.onnx")
+    ids = np.arange(12, dtype=np.int64).reshape(2, 6)
+    np.savez(tmp_path / "in.npz", input_ids=ids, token_type_ids=ids % 2)
+    code, out, err = run_main(
+        capsys, "run", str(model), "--input", str(tmp_path / "in.npz"),
+        "--device", "cpu", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["outputs"][0]["shape"] == [2, 6, 4]
+    assert "random data" not in err
+    np.savez(tmp_path / "odd.npz", input_ids=ids, token_type_ids=ids[:, :3] % 2)
+    code, _, err = run_main(capsys, "run", str(model), "--input",
+                            str(tmp_path / "odd.npz"))  # fmt: skip
+    assert code == 1 and "dimension 1 ('seq') is 3, but input_ids gives" in err
+    np.savez(tmp_path / "bad.npz", nope=ids)
+    code, _, err = run_main(capsys, "run", str(model), "--input",
+                            str(tmp_path / "bad.npz"))  # fmt: skip
+    assert code == 1 and "(array 'nope'): the model has no such input" in err
+    for args, message in [
+        (("--shape", "input_ids=2x"), "expected NAME=DIMS"),
+        (("--shape", "nope=2"), "--shape nope: the model has no such input"),
+        (("--shape", "input_ids=2x3x4"), "3 dimension(s) (2, 3, 4)"),
+    ]:
+        code, _, err = run_main(capsys, "run", str(model), *args)
+        assert code == 1 and message in err, err
+
+
+def test_shape_for_a_fixed_model_and_a_fixed_dimension(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run_main(capsys, "run", "--shape", "x=4x256")
+    assert code == 1 and "the graph's input has the fixed shape (32, 256)" in err
+    model = onnx_cnn(tmp_path / "cnn.onnx")
+    code, _, err = run_main(capsys, "run", str(model), "--shape", "x=1x3x224x224")
+    assert code == 1 and "dimension 2 as 224, but the model fixes it at 8" in err
+
+
+# -- kernel modules, TVM graph files, version and help -------------------------------
+
+TVM_GRAPHS = sorted((ROOT / "tests" / "data" / "tvm-graphs").glob("*.json"))
+
+
+def test_plan_and_run_tvm_graph_files_with_an_imported_kernel_module() -> None:
+    graph = (
+        ROOT
+        / "tests"
+        / "data"
+        / "tvm-graphs"
+        / "neo-ai__neo-ai-dlr__4in2out_deploy.json"
+    )
+    done = asyncrt_cli("run", str(graph), "--json")
+    assert done.returncode == 1 and "fuse_broadcast_add" in done.stderr
+    assert "--import MODULE" in done.stderr
+    done = asyncrt_cli("run", str(graph), "--import", "tests.tvm_graph_kernels",
+                       "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [o["shape"] for o in json.loads(done.stdout)["outputs"]] == [[2], [3]]
+
+
+@pytest.mark.parametrize("path", TVM_GRAPHS, ids=lambda p: p.name[:40])
+def test_every_tvm_graph_file_plans(
+    capsys: pytest.CaptureFixture[str], path: Path
+) -> None:
+    kernels = ROOT / "tests" / "tvm_graph_kernels.py"
+    code, out, err = run_main(
+        capsys, "plan", str(path), "--import", str(kernels), "--json"
+    )
+    assert code == 0, err
+    assert sum(d["nodes"] for d in json.loads(out)["devices"]) > 0
+
+
+def test_import_errors_are_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run_main(capsys, "plan", "--import", "no_such_module_here")
+    assert code == 1 and "--import no_such_module_here: No module named" in err
+    broken = tmp_path / "broken_kernels.py"
+    broken.write_text("raise RuntimeError('half-written')\n")
+    code, _, err = run_main(capsys, "plan", "--import", str(broken))
+    assert code == 1 and "raised RuntimeError: half-written" in err
+    code, _, err = run_main(capsys, "plan", "--import", str(tmp_path / "none.py"))
+    assert code == 1 and "no such file" in err
+
+
+def test_version_and_help_with_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"asyncrt {asyncrt.__version__}"
+    with pytest.raises(SystemExit):
+        main(["profile", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "measured runs (default: 10)" in text
+    assert "placement policy (default: auto)" in text
+    assert "compute streams per device (default: 1)" in text
+
+
+def _symbolic_batch(model: Any) -> Any:
+    """The model with its inputs' and outputs' first dimension made the
+    symbol ``batch``, as exporters write dynamic axes."""
+    for value in (*model.graph.input, *model.graph.output):
+        dim = value.type.tensor_type.shape.dim[0]
+        dim.Clear()
+        dim.dim_param = "batch"
+    return model
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "encoder_block"])
+def test_the_test_models_exported_with_a_symbolic_batch_run_and_profile(
+    tmp_path: Path, name: str
+) -> None:
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from .frontend import models
+
+    proto = _symbolic_batch(getattr(models, name)())
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(proto, str(path))
+    (declared,) = proto.graph.input
+    dims = [d.dim_value for d in declared.type.tensor_type.shape.dim[1:]]
+    x = np.random.default_rng(4).standard_normal((3, *dims)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    done = asyncrt_cli(
+        "run", str(path), "--input", f"{declared.name}={tmp_path / 'x.npy'}",
+        "--output", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {declared.name: x})[0]
+    np.testing.assert_allclose(
+        np.load(tmp_path / "out" / "output_0.npy"), expected, rtol=1e-4, atol=1e-4
+    )
+    done = asyncrt_cli("profile", str(path), "--runs", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "'batch' taken as 1" in done.stderr
+    assert json.loads(done.stdout)["runs"] == 2

@@ -245,3 +245,19 @@ def test_a_failed_measurement_puts_the_tracer_back() -> None:
         before = len(ex.trace.runs())
         ex.run_sync()
         assert len(ex.trace.runs()) == before + 1  # traced into ex.trace again
+
+
+def test_an_ambiguous_node_name_is_refused_not_the_first_returned() -> None:
+    # Real TVM files repeat operator names; a lookup by such a name must not
+    # silently pick one of the nodes.
+    b = GraphBuilder()
+    x = b.input("x", shape=(2,), dtype="float32")
+    first = b.op("relu", x, shape=(2,), dtype="float32", name="act")
+    b.output(b.op("negative", first, shape=(2,), dtype="float32", name="act2"))
+    data = b.build().to_dict()
+    data["nodes"][2]["name"] = "act"  # as TVM's compiler may write it
+    with debug_executor.create(json.dumps(data)) as module:
+        module.set_input(x=np.array([-1.0, 2.0], np.float32))
+        with pytest.raises(InputError, match=r"'act' is ambiguous: nodes 1, 2"):
+            module.debug_get_output("act")
+        np.testing.assert_array_equal(module.debug_get_output(2).numpy(), [0, -2])

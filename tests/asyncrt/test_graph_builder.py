@@ -133,3 +133,67 @@ def test_failed_op_does_not_claim_name() -> None:
     y = b.op("f", x, shape=(2,), dtype="float32", name="f0")
     b.output(y)
     assert b.build().nodes[1].name == "f0"
+
+
+# -- declared outputs of built-in kernels are checked when the node is added ------
+
+
+def _two_inputs(
+    a: tuple[int, ...], b_shape: tuple[int, ...], dtype: str = "float32"
+) -> tuple[GraphBuilder, TensorHandle, TensorHandle]:
+    b = GraphBuilder()
+    return (
+        b,
+        b.input("a", shape=a, dtype=dtype),
+        b.input("b", shape=b_shape, dtype=dtype),
+    )
+
+
+def test_a_wrong_matmul_shape_is_refused_naming_the_node() -> None:
+    b, x, w = _two_inputs((2, 3), (3, 4))
+    with pytest.raises(
+        GraphError, match=r"node 'mm'.*gives shape \(2, 4\), not the declared \(2, 8\)"
+    ):
+        b.op("matmul", x, w, shape=(2, 8), dtype="float32", name="mm")
+    # The failed call left the builder usable, the name free.
+    b.output(b.op("matmul", x, w, shape=(2, 4), dtype="float32", name="mm"))
+    assert b.build().shape[-1] == (2, 4)
+
+
+@pytest.mark.parametrize(
+    ("func", "shapes", "declared", "fragment"),
+    [
+        ("add", [(2, 3), (3,)], ((3, 2), "float32"), r"gives shape \(2, 3\)"),
+        ("add", [(2, 3), (2,)], ((2, 3), "float32"), "do not broadcast"),
+        ("relu", [(4,)], ((4,), "float64"), "gives dtype float32"),
+        ("tanh", [(4,), (4,)], ((4,), "float32"), "takes 1 input, got 2"),
+        ("less", [(4,)] * 2, ((4,), "float32"), "gives dtype bool"),
+        ("dense", [(5, 3), (3, 4)], ((5, 3), "float32"), "dense weights are"),
+        ("bias_add", [(5, 3), (2, 1, 3)], ((5, 3), "float32"), "not broadcast over"),
+        ("matmul", [(2, 3), (4, 2)], ((2, 2), "float32"), "inner dimensions"),
+        ("__nop", [(2, 3)], ((7,), "float32"), "keeps the element count"),
+        ("sum", [(2, 3)] * 3, ((3,), "float32"), r"gives shape \(2, 3\)"),
+    ],
+)
+def test_declared_outputs_of_builtin_kernels_are_checked(
+    func: str,
+    shapes: list[tuple[int, ...]],
+    declared: tuple[tuple[int, ...], str],
+    fragment: str,
+) -> None:
+    b = GraphBuilder()
+    handles = [b.input(f"i{k}", shape=s, dtype="float32") for k, s in enumerate(shapes)]
+    with pytest.raises(GraphError, match=fragment) as caught:
+        b.op(func, *handles, shape=declared[0], dtype=declared[1], name="n")
+    assert "node 'n'" in str(caught.value)
+
+
+def test_right_outputs_and_unknown_kernels_pass() -> None:
+    b, x, w = _two_inputs((1, 2, 3), (4, 3, 5))
+    b.op("matmul", x, w, shape=(4, 2, 5), dtype="float32")  # batch broadcast
+    v = b.input("v", shape=(3,), dtype="float32")
+    b.op("matmul", v, w, shape=(4, 5), dtype="float32")  # 1-D on the left
+    b.op("cast", x, shape=(1, 2, 3), dtype="int64")  # any dtype
+    b.op("equal", x, x, shape=(1, 2, 3), dtype="bool")
+    b.op("__nop", x, shape=(6,), dtype="float32")  # a reshape
+    b.op("my_kernel", x, shape=(99,), dtype="int8")  # no rule: not checked

@@ -102,7 +102,7 @@ def test_every_way_to_make_an_executor_takes_the_same_options(tmp_path: Path) ->
 def test_a_device_where_lib_goes_is_refused() -> None:
     with pytest.raises(ArgumentError, match=r"lib must be an asyncrt\.Module or None"):
         asyncrt.build(small_graph(), {"w": W}, asyncrt.cpu())  # type: ignore[arg-type]
-    with pytest.raises(ArgumentError, match="devices go in the devices argument"):
+    with pytest.raises(ArgumentError, match="devices go by keyword"):
         graph_executor.create(small_graph(), "cpu")  # type: ignore[arg-type]
     with pytest.raises(ArgumentError, match="devices must be a device"):
         graph_executor.create(small_graph(), None, 3)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 
+import numpy as np
 import pytest
 
 from asyncrt import graph_executor
@@ -140,3 +141,33 @@ def test_copies_are_named_by_their_launch() -> None:
     report = ProfileReport.from_runs(p, [RunTrace(0, 0, 0.0, 1e-3, (span,), True)], {})
     (node,) = report.nodes
     assert node.name == "copy_0_0_to_sim0" and node.op == "__copy"
+
+
+# -- grouped by operator type, with the configuration beside it ----------------------
+
+
+def test_onnx_nodes_are_grouped_by_operator_type_with_their_configuration() -> None:
+    from asyncrt import debug_executor
+    from asyncrt.frontend import from_onnx
+
+    from .frontend.models import small_cnn
+
+    graph, params = from_onnx(small_cnn())
+    convs = [n for n in graph.nodes if n.attrs.get("onnx_op") == "Conv"]
+    assert len({n.func_name for n in convs}) > 1  # one kernel per configuration
+    with debug_executor.create(graph, None, "cpu", params=params) as ex:
+        x = np.zeros(graph.shape[0], np.float32)
+        report = ex.profile(runs=1, x=x)
+    ops = {g.key: g for g in report.by_op()}
+    assert ops["Conv"].count == len(convs)
+    assert ops["Conv"].kernels == len({n.func_name for n in convs})
+    assert not any(key.startswith("conv.") for key in ops)
+    conv = next(n for n in report.nodes if n.kind == "Conv")
+    assert conv.op.startswith("conv.")  # the kernel itself stays in the data
+    assert "strides=" in conv.config and "pads=" in conv.config
+    table = report.table("node")
+    assert "Config" in table.splitlines()[0] and "strides=" in table
+    assert "Kernels" in report.table("op")
+    rows = list(csv.DictReader(io.StringIO(report.to_csv())))
+    assert {r["op_type"] for r in rows} >= {"Conv", "Add"}
+    assert next(r for r in rows if r["op_type"] == "Conv")["config"] == conv.config

@@ -2,15 +2,15 @@
 storage never clobbers a live tensor.
 
 The graphs' own kernels (fused TVM ops) are not available, so every
-``func_name`` gets a stand-in that writes a value derived from all of its
-inputs and the node into every output. A plain interpreter with a fresh
-buffer per tensor computes the same values; if the arena planner let two
-live tensors share bytes, some head would differ.
+``func_name`` gets a stand-in (:mod:`tests.tvm_graph_kernels`) that writes a
+value derived from all of its inputs and the node into every output. A
+plain interpreter with a fresh buffer per tensor computes the same values;
+if the arena planner let two live tensors share bytes, some head would
+differ.
 """
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -19,29 +19,9 @@ import pytest
 import asyncrt
 from asyncrt import graph_executor
 from asyncrt.graph import Graph, load_graph
+from tests.tvm_graph_kernels import stand_in
 
 GRAPHS = sorted((Path(__file__).parents[1] / "data" / "tvm-graphs").glob("*.json"))
-
-
-def signature(*inputs: np.ndarray) -> float:
-    """A number that changes when any input's first or last element does."""
-    total = 0.0
-    for position, x in enumerate(inputs, start=1):
-        flat = x.reshape(-1)
-        if flat.size:
-            total += position * (float(flat[0]) + 0.5 * float(flat[-1]))
-    return total
-
-
-def stand_in(func_name: str, num_inputs: int):  # type: ignore[no-untyped-def]
-    salt = zlib.crc32(func_name.encode()) % 97
-
-    def kernel(*args: np.ndarray) -> None:
-        value = (signature(*args[:num_inputs]) * 1.37 + salt) % 1000.0
-        for out in args[num_inputs:]:
-            out.fill(value)
-
-    return kernel
 
 
 def lib_for(graph: Graph) -> asyncrt.Module:

@@ -117,6 +117,18 @@ def test_symbolic_dimensions_need_shape_dict() -> None:
         from_onnx(model, {"nope": (1,)})
 
 
+def test_shape_dict_fixes_symbols_but_never_overrides_fixed_dimensions() -> None:
+    node = helper.make_node("Relu", ["x"], ["y"])
+    model = _model([node], [_input("x", ["batch", 3, 32, 32])], ["y"])
+    with pytest.raises(GraphError, match=r"dimension 2 as 224.*fixes it at 32") as info:
+        from_onnx(model, {"x": (1, 3, 224, 224)})
+    assert info.value.node == "x" and "'x'" in str(info.value)
+    with pytest.raises(GraphError, match=r"gives 3 dimension\(s\).*declares 4"):
+        from_onnx(model, {"x": (1, 3, 32)})
+    graph, _ = from_onnx(model, {"x": (5, 3, 32, 32)})  # the symbol, fixed
+    assert graph.shape[0] == (5, 3, 32, 32)
+
+
 def test_shape_deciding_inputs_must_be_bound() -> None:
     node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")
     shape_input = _input("shape", [2], TensorProto.INT64)
