@@ -75,6 +75,8 @@ class ExecutorCore:
     :param devices: the devices, host-facing first.
     :param options: the executor's options.
     :param params: parameter values by name (already decoded), or ``None``.
+    :param parameters: the parameters to bind (an executor's shared ones,
+        under one shape signature's own); new ones if ``None``.
     :param on_context: called with every run context made in this process
         (the debug executor traces them).
     :raises ArgumentError: for ``processes`` with a ``lib``.
@@ -91,6 +93,7 @@ class ExecutorCore:
         options: ExecutorOptions,
         params: Mapping[str, Any] | None = None,
         *,
+        parameters: Parameters | None = None,
         on_context: Callable[[RunContext], None] | None = None,
     ) -> None:
         if options.processes and lib is not None:
@@ -101,13 +104,16 @@ class ExecutorCore:
             )
         self.options = options
         self.devices = tuple(devices)
+        self._parameters = Parameters() if parameters is None else parameters
+        inputs = {node.name for node in graph.nodes if node.is_null}
+        constants = (set(params or ()) | self._parameters.names()) & inputs
         self.compiled: CompiledGraph = compile_graph(
-            graph, lib, self.devices, options, () if params is None else tuple(params)
+            graph, lib, self.devices, options, sorted(constants)
         )
         self._on_context = on_context
         self._backend: ContextBackend = backend_for(options, self.devices, on_context)
-        self._parameters = Parameters()
         self._generation = 0
+        self._retired = False
         self._resources = _Resources()
         # The pool (released by the finalizer) must not keep the core alive.
         core = weakref.ref(self)
@@ -126,7 +132,7 @@ class ExecutorCore:
             weakref.WeakKeyDictionary()
         )
         self._finalizer = weakref.finalize(self, _collected, self._resources)
-        if params is not None:
+        if params:
             self.load_params(params)
         self._resources.lease = _threads.lease_for(
             _threads.cpu_streams(self.compiled.plan),
@@ -254,6 +260,15 @@ class ExecutorCore:
         self._generation += 1
         self._backend.parameters_changed()
         self.pool.clear_idle()
+
+    def rebind(self) -> None:
+        """Rebuild the contexts made before now (the parameters this core
+        reads through changed elsewhere).
+
+        :raises BusyError: while runs are in flight.
+        """
+        self.check_no_runs()
+        self._rebind()
 
     # -- contexts ------------------------------------------------------------------
 
@@ -503,6 +518,16 @@ class ExecutorCore:
             self.pool.discard(context)
         else:
             self.pool.release(context)
+        if self._retired and not self.pool.lent:
+            self.close()
+
+    def retire(self) -> None:
+        """Close once the runs in flight are done (a plan evicted from an
+        executor's cache: its runs finish, nothing new starts on it)."""
+        self._retired = True
+        self.pool.clear_idle()
+        if not self.pool.lent and not self._stateful_busy:
+            self.close()
 
     # -- lifetime ------------------------------------------------------------------
 

@@ -35,9 +35,16 @@ _HOST = Device("cpu", 0)
 
 
 class Parameters:
-    """Parameter arrays by name, with their copies on other devices."""
+    """Parameter arrays by name, with their copies on other devices.
 
-    def __init__(self) -> None:
+    :param parent: parameters to read through to for names this one lacks
+        (an executor's shared weights, under one shape signature's own
+        constants): the parent's arrays and device copies are shared, never
+        copied.
+    """
+
+    def __init__(self, parent: Parameters | None = None) -> None:
+        self._parent = parent
         self._host: dict[str, NDArray] = {}
         self._copies: dict[tuple[str, Device], NDArray] = {}
         # Contexts are built on worker threads, several at once.
@@ -45,19 +52,22 @@ class Parameters:
         self.generation = 0
 
     def __contains__(self, name: object) -> bool:
-        return name in self._host
+        return name in self._host or (self._parent is not None and name in self._parent)
 
     def names(self) -> frozenset[str]:
-        """The names of the parameters held."""
-        return frozenset(self._host)
+        """The names of the parameters held (the parent's included)."""
+        inherited = self._parent.names() if self._parent is not None else frozenset()
+        return inherited | self._host.keys()
 
     def host_array(self, name: str) -> NDArray:
         """Parameter ``name`` on the host (callers must not write to it)."""
+        if name not in self._host and self._parent is not None:
+            return self._parent.host_array(name)
         return self._host[name]
 
     def host_values(self) -> dict[str, np.ndarray[Any, Any]]:
         """Every parameter as a numpy array (for a worker process's spec)."""
-        return {name: value.numpy() for name, value in self._host.items()}
+        return {name: self.host_array(name).numpy() for name in self.names()}
 
     def load(self, values: Iterable[tuple[str, HostValue]]) -> None:
         """Set parameters (values already checked): each becomes a new host
@@ -82,13 +92,12 @@ class Parameters:
         call it off the event loop)."""
         plan = compiled.plan
         arrays: dict[Entry, NDArray] = {}
-        for name in self._host:
-            entry = compiled.input_entries.get(name)
-            if entry is not None:
+        for name, entry in compiled.input_entries.items():
+            if name in self:
                 arrays[entry] = self.on(name, plan.storage[entry].device)
         for copy, source in plan.constant_copies.items():
             name = compiled.name_of(plan.resolve(source))
-            if name not in self._host:
+            if name not in self:
                 continue
             value = self.on(name, plan.storage[copy].device)
             spec = compiled.tensor(copy)
@@ -100,6 +109,8 @@ class Parameters:
 
     def on(self, name: str, device: Device) -> NDArray:
         """Parameter ``name`` on ``device`` (copied there on first use)."""
+        if name not in self._host and self._parent is not None:
+            return self._parent.on(name, device)
         with self._lock:
             host = self._host[name]
             if device == _HOST:
