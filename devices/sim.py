@@ -343,6 +343,7 @@ class SimDeviceAPI(DeviceAPI):
             "host_latency": config.latency,
             "launch_overhead": config.launch_overhead,
             "memory_bandwidth": config.memory_bandwidth,
+            "speed_source": config.speed.source,
         }
 
     def _free_bytes(self, device: Device) -> int | None:

@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -177,6 +178,7 @@ def test_process_state_reaches_a_worker_process() -> None:
         text=True,
         check=True,
         timeout=60,
+        cwd=Path(__file__).resolve().parents[2],  # this checkout's packages
     )
     assert float(out.stdout) == SLOW.flops
 
