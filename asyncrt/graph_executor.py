@@ -357,9 +357,7 @@ class GraphModule:
     def _resolve_kernels(self, lib: Module | None) -> dict[int, Kernel]:
         kernels: dict[int, Kernel] = {}
         missing: list[str] = []
-        for launch in self.plan.launches():
-            if launch.func_name == "__copy":
-                continue
+        for launch in self.plan.kernel_launches():
             kind = self.plan.placement[launch.nid].kind
             kernel = resolve(launch.func_name, kind, lib)
             if kernel is None:

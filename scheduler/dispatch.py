@@ -19,6 +19,11 @@ one cpu stream and nothing else: its calls run on the calling thread, in
 order, which is what the stream's worker would have done, minus the hop to
 that thread and the wake back (tens of microseconds a run on a busy host).
 
+A :class:`~scheduler.plan.Copy` step is bound to the devices' own copy
+path (:func:`devices.copy_function`) between its two tensors, never to a
+kernel; :func:`copy_now` runs one on the calling thread (the parameter
+copies an executor makes once, :meth:`~scheduler.plan.Plan.parameter_copies`).
+
 A kernel that raises fails the
 run with :class:`~scheduler.errors.NodeFailedError` naming the node; the
 streams skip the rest of that run's work. Cancelling the awaiting task stops
@@ -28,9 +33,9 @@ ready for the next run. :meth:`Program.stop` (from the event loop, e.g.
 when an executor closes) stops a run in flight the same way from outside;
 that run raises :class:`~devices.errors.ClosedResourceError` once drained.
 
-:func:`start_latency` predicts how late a plan's streams start on this
-host (rehearsed once per plan shape): the planner adds it to a plan's
-predicted makespan.
+A plan's start (how late its streams get going) is the cost model's
+business, not the dispatcher's (:func:`scheduler.cost.start_latency`):
+planning never runs streams.
 
 A launch that is one part of a split node (:mod:`scheduler.split`) is bound
 to views of its rows: the kernel sees ``a[r0:r1], ..., out[r0:r1]``.
@@ -47,11 +52,8 @@ plain ones; without one, nothing on the run path changes.
 from __future__ import annotations
 
 import inspect
-import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import anyio
@@ -69,18 +71,18 @@ from devices import (
 from devices._event import Completion, wait_completion
 from devices.errors import ClosedResourceError, StreamError
 
+from .cost import runs_inline
 from .dag import Entry
 from .errors import NodeFailedError
-from .plan import Launch, Plan, RecordEvent
+from .plan import Copy, Launch, Plan, RecordEvent
 from .trace import ProgramTrace, TraceRecorder
 
 __all__ = (
     "CHECK_EVERY",
     "Bindable",
     "Program",
-    "rehearse_start",
+    "copy_now",
     "runs_inline",
-    "start_latency",
 )
 
 #: A batch checks for cancellation (or failure elsewhere) once per this many
@@ -162,79 +164,20 @@ class _AsyncCall:
 _Action = _Batch | _Record | _Wait | _AsyncCall
 
 
-def runs_inline(plan: Plan) -> bool:
-    """Whether :meth:`Program.run_sync` runs ``plan`` on the calling thread:
-    one ``cpu`` stream (its program must also have no coroutine kernels and
-    no tracer).
+def copy_now(copy: Copy, arrays: Mapping[Entry, NDArray]) -> None:
+    """Run one copy step on the calling thread, now: the copies of
+    parameters an executor makes once, when it loads them
+    (:meth:`~scheduler.plan.Plan.parameter_copies`). The caller orders it
+    against streams (no run in flight may use either tensor).
 
-    :param plan: the plan.
+    :param copy: the step.
+    :param arrays: its tensors, by entry (the source may be larger: it is
+        read from its start).
     """
-    return len(plan.streams) == 1 and plan.streams[0].device.kind == "cpu"
-
-
-def start_latency(plan: Plan) -> float:
-    """Predicted seconds from :meth:`Program.run_sync` being called to
-    ``plan``'s first work, beyond what a plan run inline pays.
-
-    The host issues every step of a run (a batch, a record or a wait each,
-    and one final record per stream) while holding the GIL, and then blocks;
-    only then does the first stream's thread, woken by the first step, get
-    to run it. That is rehearsed on as many idle ``cpu`` streams as the plan
-    has, with as many steps, once per (streams, steps) in a process:
-    :func:`rehearse_start`.
-
-    :param plan: the plan.
-    :return: 0 for a plan that :func:`runs_inline`, else the rehearsal's.
-    """
-    if runs_inline(plan):
-        return 0.0
-    return rehearse_start(len(plan.streams), len(plan.order) + len(plan.streams))
-
-
-@cache
-def rehearse_start(streams: int, steps: int) -> float:
-    """Seconds from issuing a run of ``steps`` steps over ``streams`` idle
-    streams to the first stream's first call running: the first step is
-    that call, the rest no-op batches and records, round robin, as a run
-    issues them; then the host blocks on the last stream, as
-    :meth:`Program.run_sync` does. The median of 7 rounds, each after a nap
-    long enough for the streams' threads to block (~10 ms in all).
-
-    :param streams: streams, at least 1.
-    :param steps: steps, at least 1.
-    """
-    device = Device("cpu", 0)
-    api = get_api("cpu")
-    made = [api.create_stream(device) for _ in range(max(1, streams))]
-    try:
-        calls: list[Call] = [(_nothing, (), 0.0)]
-        started = [0.0]
-
-        def stamp() -> None:
-            started[0] = time.perf_counter()
-
-        rounds = []
-        for _ in range(7):
-            time.sleep(1e-3)  # the streams' threads block meanwhile
-            begin = time.perf_counter()
-            made[0].launch(stamp)
-            for step in range(1, steps):
-                stream = made[step % len(made)]
-                if step % 2:
-                    stream.launch_many(calls)
-                else:
-                    stream.record()
-            for stream in made:
-                stream.synchronize()
-            rounds.append(started[0] - begin)
-        return statistics.median(rounds)
-    finally:
-        for stream in made:
-            api.free_stream(stream)
-
-
-def _nothing() -> None:
-    pass
+    src, dst = arrays[copy.src], arrays[copy.dst]
+    copy_function(
+        src.buffer, src.byte_offset, dst.buffer, dst.byte_offset, dst.nbytes
+    )()
 
 
 class Program:
@@ -244,8 +187,9 @@ class Program:
     pool of them for concurrent runs.
 
     :param plan: the plan.
-    :param kernels: the kernel of every launch, by node id (``__copy``
-        launches need none).
+    :param kernels: the kernel of every launch, by node id (copies need
+        none: :meth:`~scheduler.plan.Plan.kernel_launches` lists the
+        launches that do).
     :param external: the arrays of the plan's external tensors (graph inputs
         and parameters), by entry.
     :param tracer: records every run's spans (see :meth:`set_tracer`).
@@ -403,8 +347,8 @@ class Program:
     def _bind_launch(
         self, step: Launch, kernels: Mapping[int, Kernel], stream: int
     ) -> tuple[Kernel, tuple[Any, ...]]:
-        if step.func_name == "__copy":
-            src, dst = (self.arrays[e] for e in step.args)
+        if isinstance(step, Copy):
+            src, dst = self.arrays[step.src], self.arrays[step.dst]
             copy = copy_function(
                 src.buffer, src.byte_offset, dst.buffer, dst.byte_offset, src.nbytes
             )

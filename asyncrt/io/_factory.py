@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from devices import NDArray
+from scheduler.dag import COPY_FUNC, NOP_FUNC
 from scheduler.placement import Policy
 
 from ..errors import KernelNotFoundError
@@ -74,7 +75,7 @@ class GraphExecutorFactory:
         names = {
             n.func_name
             for n in self.graph.nodes
-            if not n.is_null and n.func_name not in ("__nop", "__copy")
+            if not n.is_null and n.func_name not in (NOP_FUNC, COPY_FUNC)
         }
         return tuple(sorted(names))
 
