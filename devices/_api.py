@@ -9,8 +9,18 @@ tinygrad's allocators do.
 
 Copies follow TVM's ``CopyDataFromTo``: any two buffers, of the same kind or
 not. Same-kind copies (also ``sim:0 -> sim:1``) use the backend's own path;
-a copy between a device and the host (``cpu``) uses the device's path; any
-other pair is staged through host memory.
+a copy between a device and the host (the kind that :attr:`DeviceAPI.is_host`)
+uses the device's path; any other pair is staged through host memory.
+
+A DeviceAPI also says what its kind *can do*, so that nothing above
+``devices`` ever needs a kind's name: the array library its kernels receive
+(:attr:`~DeviceAPI.array_namespace`), whether it is the host itself
+(:attr:`~DeviceAPI.is_host`), whether its streams compute side by side
+(:attr:`~DeviceAPI.concurrent_streams`), its copy engines
+(:meth:`~DeviceAPI.copy_engines`), its timing model
+(:meth:`~DeviceAPI.speed`, :mod:`devices._timing`), how its clock times a
+call (:meth:`~DeviceAPI.call_timer`), and the state a worker process needs
+to model the same devices (:meth:`~DeviceAPI.process_state`).
 """
 
 from __future__ import annotations
@@ -26,8 +36,16 @@ import numpy as np
 
 from ._device import Device
 from ._stream import Stream
+from ._timing import (
+    CallTimer,
+    CopyEngines,
+    DeviceSpeed,
+    speed_from_attributes,
+    transfer_seconds,
+)
 from .errors import (
     AllocationError,
+    ArgumentError,
     ClosedResourceError,
     CopyError,
     DeviceNotFoundError,
@@ -36,7 +54,13 @@ from .errors import (
     UnsupportedOperationError,
 )
 
-__all__ = ("MAX_ALLOCATION", "Buffer", "DeviceAPI", "copy_function")
+__all__ = (
+    "MAX_ALLOCATION",
+    "Buffer",
+    "DeviceAPI",
+    "copy_function",
+    "modelled_copy_seconds",
+)
 
 #: No single allocation may exceed this (1 TiB): larger requests are bugs or
 #: hostile input, and are refused before any backend is asked.
@@ -120,6 +144,20 @@ class DeviceAPI:
     #: a device finds its kernels through this. ``None``: kernels do not run
     #: in this process (a remote worker runs its own, looked up by name).
     array_namespace: ClassVar[str | None] = "numpy"
+    #: Whether this kind is the host itself: its memory is the process's own
+    #: (a copy to or from it is the other device's to make, over that
+    #: device's link; its own link is free) and its streams are host threads
+    #: that run calls as they come, so a run on one stream of it may as well
+    #: run on the caller's thread.
+    is_host: ClassVar[bool] = False
+    #: Whether several streams of one device compute at the same time (the
+    #: host's are threads on separate cores), so that one node's rows may be
+    #: cut across them; an accelerator's kernel already fills the device.
+    concurrent_streams: ClassVar[bool] = False
+    #: Whether this kind's copies to host memory run on the device's own
+    #: streams, as an accelerator's copy engines move data both ways
+    #: (otherwise the host's side issues them).
+    outgoing_copies: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -168,6 +206,59 @@ class DeviceAPI:
         """Every attribute this backend can report for ``device``."""
         self._check_device(device)
         return {"exist": True, **self._attributes(device)}
+
+    # -- capabilities --------------------------------------------------------
+
+    def speed(self, device: Device) -> DeviceSpeed:
+        """The figures of ``device``'s timing model (:mod:`devices._timing`),
+        read from its attributes: what cost models plan with.
+
+        :raises DeviceNotFoundError: if the device is not present.
+        :raises UnsupportedOperationError: if the backend reports no speed.
+        """
+        attributes = self.attributes(device)
+        source = str(attributes.get("speed_source", ""))
+        try:
+            return speed_from_attributes(attributes, source)
+        except ArgumentError as exc:
+            raise UnsupportedOperationError(
+                f"{device} reports no usable speed: {exc}"
+            ) from exc
+
+    def copy_engines(self, device: Device) -> CopyEngines:
+        """Which copies ``device`` makes itself, and its links
+        (:class:`~devices.CopyEngines`).
+
+        :raises DeviceNotFoundError: if the device is not present.
+        :raises UnsupportedOperationError: if the backend reports no links.
+        """
+        speed = self.speed(device)
+        return CopyEngines(speed.link, speed.peer, self.outgoing_copies)
+
+    def call_timer(self, device: Device) -> CallTimer:
+        """How ``device``'s own clock times a call on its streams
+        (:class:`~devices.CallTimer`): the wall time on the stream's thread,
+        a modelled duration, or marks recorded on the stream.
+
+        :raises DeviceNotFoundError: if the device is not present.
+        """
+        self._check_device(device)
+        return self._call_timer(device)
+
+    def process_state(self) -> object | None:
+        """What a worker process must be given so that its devices of this
+        kind are the ones this process has (a simulated device's speed and
+        size): picklable, JSON-able plain data, or ``None`` if nothing.
+        """
+        return self._process_state()
+
+    def restore_process_state(self, state: object) -> None:
+        """Make this process's devices of this kind those that
+        :meth:`process_state` described in another process.
+
+        :raises ArgumentError: if ``state`` is not such a description.
+        """
+        self._restore_process_state(state)
 
     def used_bytes(self, device: Device) -> int:
         """Bytes currently allocated on ``device`` through this API."""
@@ -385,6 +476,18 @@ class DeviceAPI:
     def _attributes(self, device: Device) -> dict[str, Any]:
         return {}
 
+    def _call_timer(self, device: Device) -> CallTimer:
+        return CallTimer()
+
+    def _process_state(self) -> object | None:
+        return None
+
+    def _restore_process_state(self, state: object) -> None:
+        if state is not None:
+            raise ArgumentError(
+                f"the {self.kind!r} kind keeps no process state, got {state!r}"
+            )
+
     def _free_bytes(self, device: Device) -> int | None:
         return None
 
@@ -444,11 +547,11 @@ def copy_function(
     src_api, dst_api = src._api, dst._api
     if src_api is dst_api:
         return lambda: src_api._copy_within(src, src_offset, dst, dst_offset, nbytes)
-    if dst_api.kind == "cpu":
+    if dst_api.is_host:
         return lambda: src_api._copy_to_host(
             src, src_offset, dst.raw[dst_offset : dst_offset + nbytes]
         )
-    if src_api.kind == "cpu":
+    if src_api.is_host:
         return lambda: dst_api._copy_from_host(
             src.raw[src_offset : src_offset + nbytes], dst, dst_offset
         )
@@ -459,3 +562,32 @@ def copy_function(
         dst_api._copy_from_host(bounce, dst, dst_offset)
 
     return staged
+
+
+def modelled_copy_seconds(src: Buffer, dst: Buffer, nbytes: int) -> float | None:
+    """The duration the devices' models charge a copy of ``nbytes`` from
+    ``src`` to ``dst`` (:func:`devices._timing.transfer_seconds`, the host's
+    link free), where every device taking part other than the host models
+    its time; ``None`` where some of it is measured (the host's own copies, a
+    copy staged through a device that measures).
+
+    :param src: the source buffer.
+    :param dst: the destination buffer.
+    :param nbytes: bytes copied.
+    """
+    models: list[DeviceSpeed] = []
+    for buffer in (src, dst):
+        if buffer._api.is_host:
+            continue  # the host's link is free
+        model = buffer._api.call_timer(buffer.device).model
+        if model is None:
+            return None
+        models.append(model)
+    if not models:
+        return None
+    if src.device == dst.device:
+        return 0.0
+    if len(models) == 1:
+        return models[0].copy_seconds(nbytes)
+    same_kind = src.device.kind == dst.device.kind
+    return transfer_seconds(models[0], models[1], nbytes, same_kind=same_kind)

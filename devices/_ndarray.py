@@ -103,7 +103,7 @@ class NDArray:
         out = np.empty(self.shape, dtype=self._np_dtype)
         host = out.reshape(-1).view(np.uint8)
         if self.nbytes:
-            if self._api.kind == "cpu":
+            if self._api.is_host:
                 host[...] = self.buffer.raw[
                     self.byte_offset : self.byte_offset + self.nbytes
                 ]
@@ -114,9 +114,9 @@ class NDArray:
     def __array__(
         self, dtype: Any = None, copy: bool | None = None
     ) -> np.ndarray[Any, Any]:
-        if copy is False and self._api.kind != "cpu":
+        if copy is False and not self._api.is_host:
             raise ValueError(f"{self!r} cannot be viewed by numpy without a copy")
-        data = self.numpy() if copy or self._api.kind != "cpu" else self.backend_array()
+        data = self.numpy() if copy or not self._api.is_host else self.backend_array()
         return data if dtype is None else data.astype(dtype, copy=False)
 
     def copyfrom(

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ._api import DeviceAPI
 from ._device import Device
-from .errors import DeviceNotFoundError
+from .errors import ArgumentError, DeviceNotFoundError
 
-__all__ = ("get_api", "list_devices", "register", "registered_kinds")
+__all__ = (
+    "get_api",
+    "list_devices",
+    "process_state",
+    "register",
+    "registered_kinds",
+    "restore_process_state",
+)
 
 _BUILTIN_MODULES = {
     "cpu": "devices.cpu",
@@ -99,3 +106,38 @@ def list_devices() -> list[Device]:
             continue
         found.extend(Device(kind, i) for i in range(api.device_count()))
     return found
+
+
+def process_state() -> dict[str, object]:
+    """What a worker process must be given to have the devices this process
+    has: for each kind loaded here whose backend keeps state (the simulated
+    devices' speeds and sizes), :meth:`DeviceAPI.process_state`. Plain data,
+    picklable and JSON-able; give it to :func:`restore_process_state` in the
+    worker.
+
+    :return: the state, by kind.
+    """
+    with _lock:
+        apis = sorted(_apis.items())
+    state: dict[str, object] = {}
+    for kind, api in apis:
+        value = api.process_state()
+        if value is not None:
+            state[kind] = value
+    return state
+
+
+def restore_process_state(state: Mapping[str, object]) -> None:
+    """Make this process's devices those that :func:`process_state`
+    described in another process (call it before any device is used).
+
+    :param state: :func:`process_state`'s result.
+    :raises ArgumentError: if ``state`` is not such a result.
+    :raises DeviceNotFoundError: if it names a kind not available here.
+    """
+    if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
+        raise ArgumentError(
+            f"process state must map device kinds to their state, got {state!r}"
+        )
+    for kind, value in state.items():
+        get_api(kind).restore_process_state(value)

@@ -34,9 +34,10 @@ from ._event import Completion, Event
 from ._ndarray import NDArray
 from ._registry import register
 from ._stream import Stream
+from ._timing import CallTimer
 from .errors import OutOfMemoryError
 
-__all__ = ("CUDADeviceAPI", "CUDAStream")
+__all__ = ("CUDADeviceAPI", "CUDAEventTimer", "CUDAStream")
 
 # Which asyncrt cuda stream, if any, runs on this thread: a copy issued from
 # a stream's worker is asynchronous on that stream; one issued from anywhere
@@ -117,6 +118,22 @@ def _set_completion(arg: tuple[Completion, BaseException | None]) -> None:
     _retired_events.keep(arg)
 
 
+class CUDAEventTimer(CallTimer):
+    """Times a call by CUDA events recorded around it on the stream that
+    the worker thread has made current: the device's own clock."""
+
+    marks = True
+
+    def mark(self) -> Any:
+        event = cupy.cuda.Event()
+        event.record()
+        return event
+
+    def elapsed(self, before: Any, after: Any) -> float:
+        after.synchronize()
+        return float(cupy.cuda.get_elapsed_time(before, after)) / 1e3
+
+
 class CUDADeviceAPI(DeviceAPI):
     """NVIDIA GPUs, through CuPy."""
 
@@ -150,6 +167,9 @@ class CUDADeviceAPI(DeviceAPI):
             "host_bandwidth": 20e9,
             "host_latency": 10e-6,
         }
+
+    def _call_timer(self, device: Device) -> CallTimer:
+        return CUDAEventTimer()
 
     def _free_bytes(self, device: Device) -> int | None:
         with cupy.cuda.Device(device.index):

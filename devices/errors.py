@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = (
     "AllocationError",
+    "ArgumentError",
     "AsyncrtError",
     "ClosedResourceError",
     "CopyError",
@@ -42,6 +43,12 @@ class DeviceNotFoundError(DeviceError, LookupError):
 class UnsupportedOperationError(DeviceError):
     """Raised when a backend cannot do what was asked (an attribute it cannot
     report, DLPack export of memory the host cannot address, ...)."""
+
+
+class ArgumentError(AsyncrtError, ValueError):
+    """Raised when a function of the device layer is given a value it cannot
+    use (a speed that is not positive, a configuration that would strand
+    memory in use); the message names the value and what was wrong."""
 
 
 class AllocationError(DeviceError, ValueError):

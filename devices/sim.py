@@ -21,8 +21,11 @@ machine without a GPU. Each ``sim:N`` has
   of them overlap like separate chips. A device has one compute engine:
   timed calls from its streams take turns on it (as large kernels from
   several CUDA streams share one GPU), while copies, like a GPU's copy
-  engines, overlap with them. The model is exact by construction, which
-  makes it the reference for the scheduler's cost model.
+  engines, overlap with them (and copies to the host run on the device's
+  own streams: :attr:`~devices.DeviceAPI.outgoing_copies`). The formulas are
+  :mod:`devices._timing`'s, the ones the scheduler's cost model plans with,
+  so the model is exact by construction, the reference for that cost model;
+  a trace reads a sim call's time from its :class:`~devices.CallTimer`.
 
 The device keeps its own clock, as a discrete-event simulation does. A
 call's modelled start is the latest of: when it was launched, when its
@@ -39,13 +42,18 @@ thread computes on the same core) do not stretch the device's timeline
 while the real work catches up within it; when it does not, the host sees
 the results late, never early.
 
-Configure the devices before use with :func:`configure`.
+Configure the devices before use with :func:`configure`; a configuration
+that would strand memory in use (a device removed, or made smaller than
+what it holds) is refused. A worker process gets the same devices from
+:func:`devices.process_state` and :func:`devices.restore_process_state`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import functools
 import heapq
 import itertools
 import math
@@ -62,7 +70,8 @@ from ._device import Device
 from ._event import Completion, Event
 from ._registry import get_api, register
 from ._stream import Stream
-from .errors import OutOfMemoryError
+from ._timing import CallTimer, DeviceSpeed, ModelTimer, transfer_seconds
+from .errors import ArgumentError, OutOfMemoryError
 
 __all__ = ("SimAllocation", "SimConfig", "SimDeviceAPI", "configure")
 
@@ -91,23 +100,39 @@ class SimConfig:
     def __post_init__(self) -> None:
         for name in ("flops", "bandwidth", "memory_bandwidth"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"SimConfig.{name} must be > 0")
+                raise ArgumentError(
+                    f"SimConfig.{name} must be > 0, got {getattr(self, name)}"
+                )
         for name in ("latency", "launch_overhead"):
             if not getattr(self, name) >= 0:
-                raise ValueError(f"SimConfig.{name} must be >= 0")
+                raise ArgumentError(
+                    f"SimConfig.{name} must be >= 0, got {getattr(self, name)}"
+                )
         if self.memory < 0:
-            raise ValueError("SimConfig.memory must be >= 0")
+            raise ArgumentError(f"SimConfig.memory must be >= 0, got {self.memory}")
+
+    @functools.cached_property
+    def speed(self) -> DeviceSpeed:
+        """The device's timing model (:mod:`devices._timing`): its streams
+        wait device-side, so it has no ``sync_latency``."""
+        return DeviceSpeed(
+            flops=self.flops,
+            bandwidth=self.bandwidth,
+            latency=self.latency,
+            launch_overhead=self.launch_overhead,
+            memory_bandwidth=self.memory_bandwidth,
+            source="sim configuration",
+        )
 
     def compute_seconds(self, work: float, nbytes: int = 0) -> float:
         """Modelled duration of a call doing ``work`` FLOPs over ``nbytes``
-        of arrays."""
-        return self.launch_overhead + max(
-            work / self.flops, nbytes / self.memory_bandwidth
-        )
+        of arrays (:meth:`DeviceSpeed.compute_seconds`)."""
+        return self.speed.compute_seconds(work, nbytes)
 
     def copy_seconds(self, nbytes: int) -> float:
-        """Modelled duration of a copy of ``nbytes`` over this device's link."""
-        return self.latency + nbytes / self.bandwidth
+        """Modelled duration of a copy of ``nbytes`` over this device's link
+        (:meth:`DeviceSpeed.copy_seconds`)."""
+        return self.speed.copy_seconds(nbytes)
 
 
 _DEFAULT = SimConfig()
@@ -193,7 +218,7 @@ class SimStream(Stream):
     compute engine (shared by the device's streams)."""
 
     def __init__(self, device: Device, config: SimConfig, engine: _Engine) -> None:
-        self._config = config
+        self._speed = config.speed
         self._engine = engine
         self._clock = 0.0  # when, by the model, this stream's work so far ended
         super().__init__(device)
@@ -201,11 +226,11 @@ class SimStream(Stream):
     def _execute(
         self, fn: Callable[..., Any], args: tuple[Any, ...], work: float
     ) -> None:
-        config = self._config
-        if math.isinf(config.memory_bandwidth):
-            seconds = config.compute_seconds(work)
+        speed = self._speed
+        if math.isinf(speed.memory_bandwidth):  # the arrays need no counting
+            seconds = speed.compute_seconds(work)
         else:
-            seconds = config.compute_seconds(work, _arrays_nbytes(args))
+            seconds = speed.compute_seconds(work, _arrays_nbytes(args))
         ready = max(self._clock, self._queued_at)
         if seconds <= 0:  # untimed (copies time themselves): no engine turn
             call = _Call(ready)
@@ -247,6 +272,7 @@ class SimDeviceAPI(DeviceAPI):
     """Simulated accelerators ``sim:0`` .. ``sim:N-1``."""
 
     kind = "sim"
+    outgoing_copies = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -262,16 +288,37 @@ class SimDeviceAPI(DeviceAPI):
 
         :param count: number of devices.
         :param configs: one config for all, or one per device.
+        :raises ArgumentError: if ``count`` or ``configs`` is unusable, or
+            the change would strand memory in use (a device holding some
+            removed, or given less memory than it holds).
         """
-        if count < 0:
-            raise ValueError("count must be >= 0")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ArgumentError(f"count must be an int >= 0, got {count!r}")
         if isinstance(configs, SimConfig):
             chosen = [configs] * count
         else:
             chosen = list(configs)
             if len(chosen) != count:
-                raise ValueError(f"need {count} configs, got {len(chosen)}")
-        with self._config_lock:
+                raise ArgumentError(f"need {count} configs, got {len(chosen)}")
+            for config in chosen:
+                if not isinstance(config, SimConfig):
+                    raise ArgumentError(f"expected SimConfig, got {config!r}")
+        with self._config_lock, self._lock:
+            # Memory in use stays where it is: a device that holds some must
+            # remain, with room for it (else its free bytes go negative).
+            for index, used in sorted(self._used.items()):
+                if not used:
+                    continue
+                if index >= count:
+                    raise ArgumentError(
+                        f"cannot configure {count} sim device(s): sim:{index} "
+                        f"holds {used} bytes in use; free them first"
+                    )
+                if chosen[index].memory < used:
+                    raise ArgumentError(
+                        f"cannot give sim:{index} {chosen[index].memory} bytes of "
+                        f"memory: {used} bytes are in use; free them first"
+                    )
             self._configs = chosen
 
     def config(self, device: Device) -> SimConfig:
@@ -296,10 +343,28 @@ class SimDeviceAPI(DeviceAPI):
             "host_latency": config.latency,
             "launch_overhead": config.launch_overhead,
             "memory_bandwidth": config.memory_bandwidth,
+            "speed_source": config.speed.source,
         }
 
     def _free_bytes(self, device: Device) -> int | None:
         return self._configs[device.index].memory - self.used_bytes(device)
+
+    def _call_timer(self, device: Device) -> CallTimer:
+        return ModelTimer(self._configs[device.index].speed)
+
+    def _process_state(self) -> object | None:
+        return [dataclasses.asdict(config) for config in self._configs]
+
+    def _restore_process_state(self, state: object) -> None:
+        if not isinstance(state, list) or not all(isinstance(c, dict) for c in state):
+            raise ArgumentError(
+                f"sim process state must be a list of SimConfig fields, got {state!r}"
+            )
+        try:
+            configs = [SimConfig(**fields) for fields in state]
+        except TypeError as exc:
+            raise ArgumentError(f"unusable sim process state: {exc}") from exc
+        self.configure(len(configs), configs)
 
     def _alloc(self, device: Device, nbytes: int) -> Any:
         config = self._configs[device.index]
@@ -329,9 +394,11 @@ class SimDeviceAPI(DeviceAPI):
             src_offset : src_offset + nbytes
         ]
         if src.device != dst.device:  # over the link between two devices
-            seconds = max(
-                self._configs[src.device.index].copy_seconds(nbytes),
-                self._configs[dst.device.index].copy_seconds(nbytes),
+            seconds = transfer_seconds(
+                self._configs[src.device.index].speed,
+                self._configs[dst.device.index].speed,
+                nbytes,
+                same_kind=True,
             )
             _copy_done(start + seconds)
 
@@ -387,6 +454,9 @@ def configure(count: int, configs: Sequence[SimConfig] | SimConfig = _DEFAULT) -
 
     :param count: number of sim devices (``sim:0`` .. ``sim:count-1``).
     :param configs: one :class:`SimConfig` for all, or one per device.
+    :raises ArgumentError: if ``count`` or ``configs`` is unusable, or the
+        change would strand memory in use (a device holding some removed, or
+        given less memory than it holds): free it first.
     """
     api = get_api("sim")
     if not isinstance(api, SimDeviceAPI):

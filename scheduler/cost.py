@@ -11,35 +11,31 @@ link speeds themselves; they ask a :class:`CostModel` two questions:
 Two models ship here.
 
 :class:`AnalyticCostModel` turns the DAG's estimates into time with one
-:class:`DeviceSpeed` per device, the same formulas :class:`devices.sim.SimConfig`
-uses, so for ``sim`` devices the model is exact by construction:
+:class:`~devices.DeviceSpeed` per device and the timing model's formulas,
+which live once, in :mod:`devices._timing`: the simulated accelerator charges
+its calls and copies by the same ones, so for ``sim`` devices the model is
+exact by construction.
 
-* a node takes ``launch_overhead + flops / speed`` (``SimConfig.compute_seconds``);
-  on a device that reports a ``memory_bandwidth`` (the ``cpu``), a roofline:
-  ``launch_overhead + max(flops / speed, nbytes / memory_bandwidth)``, with
-  ``nbytes`` the node's inputs and outputs, so elementwise nodes (one
-  operation per element, as many bytes moved) cost what moving their bytes
-  costs. Sims report none and keep their exact model;
-* every device has one link to the host, ``latency + nbytes / bandwidth``
-  (``SimConfig.copy_seconds``); the host (``cpu``) reports an infinite
-  bandwidth and no latency, so its own link costs nothing;
-* a copy between two different devices costs the slower of their two links:
-  ``max(link(src), link(dst))``. That is the sim's device-to-device copy
-  (``SimDeviceAPI._copy_within``) exactly, and a host copy as a special case
-  (the host's link is free). Between two kinds that stage through host memory
-  (``cuda`` to ``sim``) it is optimistic; the links' sum would be the
-  pessimistic bound;
-* a stream that waits for an event of another device resumes ``sync_latency``
-  seconds after the event is reached: nothing for a device-side wait (the
-  sim's, CUDA's), a thread wake-up for the ``cpu``, whose streams are host
-  threads (measured once per host: tens of microseconds on a quiet
-  machine, and paid by every edge into the cpu from another device). So a
-  cross-device edge costs its copy plus the destination's ``sync_latency``,
-  and a split pays only where it saves more than its edges cost;
-* devices whose copies to one another take a path of their own (two
-  ``remote`` devices: worker to worker, never through the host) report it as
-  ``peer_bandwidth`` and ``peer_latency``; a copy between two such devices of
-  one kind costs the slower of their two *peer* links instead.
+* a node takes :meth:`DeviceSpeed.compute_seconds` of its ``flops`` and, on
+  a device that reports a finite ``memory_bandwidth`` (the host), the bytes
+  of its inputs and outputs: ``launch_overhead + max(flops / speed, nbytes /
+  memory_bandwidth)``, so elementwise nodes (one operation per element, as
+  many bytes moved) cost what moving their bytes costs;
+* a copy between two different devices takes
+  :func:`devices.transfer_seconds`: the slower of their two links, their
+  peer links where both have one and they are of one kind (two ``remote``
+  devices: worker to worker, never through the host). The host reports a
+  free link, so a copy to or from it is the other device's link. Between two
+  kinds that stage through host memory (``cuda`` to ``sim``) it is
+  optimistic; the links' sum would be the pessimistic bound;
+* a stream that waits for an event of another device resumes
+  ``sync_latency`` seconds after the event is reached: nothing for a
+  device-side wait (the sim's, CUDA's), a thread wake-up for the host,
+  whose streams are host threads (measured once per machine: tens of
+  microseconds on a quiet one, and paid by every edge into the host from
+  another device). So a cross-device edge costs its copy plus the
+  destination's ``sync_latency``, and a split pays only where it saves more
+  than its edges cost.
 
 Null nodes (graph inputs and parameters) and TVM's ``__nop`` cost nothing
 anywhere; they run no kernel, so the ``supported`` hook is not asked about
@@ -50,6 +46,16 @@ and the model answers ``inf`` for the other devices.
 ``(nid, device)`` (a missing entry means "cannot run there") and a
 :class:`Link` per pair of devices. Tests, measured profiles and textbook
 examples (the HEFT paper's) use it.
+
+A plan run on streams also pays their **start** before its first work
+(:func:`start_latency`): the host issues every step of the run, then the
+first stream's thread wakes up. An :class:`AnalyticCostModel` takes it from
+the host-facing device's figures (its ``issue_overhead`` per step and its
+``sync_latency``: measured once per machine for the host), a
+:class:`TableCostModel` from its literal :class:`StartCost`; a plan that
+:func:`runs_inline` (one stream of the host) starts at once. The cost model
+is all planning reads, so the same graph and the same figures always give
+the same plan.
 
 :func:`edge_nbytes` is the bytes an edge carries: the sum of the sizes of the
 producer's outputs the consumer reads, each output counted once even when the
@@ -62,26 +68,34 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import networkx as nx
 
-from devices import Device
+from devices import Device, DeviceSpeed, Link, get_api, transfer_seconds
+from devices._timing import speed_from_attributes as _device_speed
+from devices.errors import ArgumentError, AsyncrtError
 
 from .dag import edge_uses, node_spec
 from .errors import PlanError
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 __all__ = (
     "AnalyticCostModel",
     "CostModel",
     "DeviceSpeed",
     "Link",
+    "StartCost",
     "Supported",
     "TableCostModel",
     "edge_nbytes",
     "node_nbytes",
+    "runs_inline",
     "speed_from_attributes",
     "speeds_from_devices",
+    "start_latency",
     "sync_latency",
 )
 
@@ -103,146 +117,60 @@ class CostModel(Protocol):
 
 
 @dataclass(frozen=True)
-class Link:
-    """A copy path: a fixed latency plus bytes over a bandwidth.
+class StartCost:
+    """What a run on streams pays before its first work, taken literally.
 
-    :ivar latency: seconds per copy, ``>= 0``.
-    :ivar bandwidth: bytes per second, ``> 0`` (``math.inf`` for free).
+    :ivar per_step: seconds the host spends issuing each step, ``>= 0``.
+    :ivar wake: seconds the first stream's thread takes to wake, ``>= 0``.
     """
 
-    latency: float = 0.0
-    bandwidth: float = math.inf
+    per_step: float = 0.0
+    wake: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.latency >= 0:
-            raise PlanError(f"Link.latency must be >= 0, got {self.latency}")
-        if not self.bandwidth > 0:
-            raise PlanError(f"Link.bandwidth must be > 0, got {self.bandwidth}")
+        if not (self.per_step >= 0 and self.wake >= 0):
+            raise PlanError(f"StartCost figures must be >= 0, got {self}")
 
-    def seconds(self, nbytes: int) -> float:
-        """Duration of one copy of ``nbytes`` over this link.
+    def seconds(self, steps: int) -> float:
+        """``per_step * steps + wake``.
 
-        :param nbytes: bytes copied.
-        :return: ``latency + nbytes / bandwidth``.
+        :param steps: steps the host issues.
         """
-        return self.latency + nbytes / self.bandwidth
-
-
-@dataclass(frozen=True)
-class DeviceSpeed:
-    """The speed of one device, as :class:`AnalyticCostModel` uses it.
-
-    :ivar flops: compute speed, floating-point operations per second, ``> 0``.
-    :ivar bandwidth: bytes per second over the device's link to the host,
-        ``> 0`` (``math.inf`` for the host itself).
-    :ivar latency: seconds per copy over that link, ``>= 0``.
-    :ivar launch_overhead: seconds added to every node, ``>= 0``.
-    :ivar memory_bandwidth: bytes per second a node's inputs and outputs
-        move at, ``> 0`` (``math.inf``: memory is never the bound).
-    :ivar peer: the link to other devices of the same kind, where copies
-        between them do not go through the host (``None``: they use
-        :attr:`link`).
-    :ivar sync_latency: seconds from an event of another device being
-        reached to the device's waiting stream going on, ``>= 0`` (0 for a
-        device-side wait).
-    """
-
-    flops: float
-    bandwidth: float = math.inf
-    latency: float = 0.0
-    launch_overhead: float = 0.0
-    peer: Link | None = None
-    memory_bandwidth: float = math.inf
-    sync_latency: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("flops", "bandwidth", "memory_bandwidth"):
-            if not getattr(self, name) > 0:
-                raise PlanError(f"DeviceSpeed.{name} must be > 0")
-        for name in ("latency", "launch_overhead", "sync_latency"):
-            if not getattr(self, name) >= 0:
-                raise PlanError(f"DeviceSpeed.{name} must be >= 0")
-
-    @property
-    def link(self) -> Link:
-        """The device's link to the host."""
-        return Link(self.latency, self.bandwidth)
-
-    def compute_seconds(self, work: float, nbytes: int = 0) -> float:
-        """Duration of a node doing ``work`` FLOPs over ``nbytes`` of inputs
-        and outputs (``SimConfig.compute_seconds`` when memory is no bound).
-
-        :param work: floating-point operations.
-        :param nbytes: bytes the node reads and writes.
-        :return: ``launch_overhead + max(work / flops, nbytes /
-            memory_bandwidth)``.
-        """
-        return self.launch_overhead + max(
-            work / self.flops, nbytes / self.memory_bandwidth
-        )
-
-    def copy_seconds(self, nbytes: int) -> float:
-        """Duration of a copy over the host link (``SimConfig.copy_seconds``).
-
-        :param nbytes: bytes copied.
-        :return: ``latency + nbytes / bandwidth``.
-        """
-        return self.link.seconds(nbytes)
+        return self.per_step * steps + self.wake
 
 
 def speed_from_attributes(device: Device, attrs: Mapping[str, Any]) -> DeviceSpeed:
-    """Read a :class:`DeviceSpeed` from DeviceAPI attributes.
-
-    Reads ``flops``, ``host_bandwidth`` (default: infinite), ``host_latency``
-    (default 0) and, where a backend reports them, ``launch_overhead``
-    (default 0), ``memory_bandwidth`` (default: infinite),
-    ``sync_latency`` (default 0) and ``peer_bandwidth`` / ``peer_latency``
-    (the peer link):
-    the names ``devices.get_api(kind).attributes(dev)`` uses.
+    """Read a :class:`~devices.DeviceSpeed` from DeviceAPI attributes (the
+    names :meth:`devices.DeviceAPI.attributes` uses: ``flops``,
+    ``host_bandwidth``, ``host_latency``, ``launch_overhead``,
+    ``memory_bandwidth``, ``sync_latency``, ``issue_overhead``,
+    ``peer_bandwidth`` and ``peer_latency``).
 
     :param device: the device the attributes describe (named in errors).
     :param attrs: the attributes.
     :return: the speed.
     :raises PlanError: if ``flops`` is missing or a value is out of range.
     """
-    if "flops" not in attrs:
-        raise PlanError(f"device {device} reports no 'flops' attribute")
     try:
-        peer = None
-        if "peer_bandwidth" in attrs:
-            peer = Link(
-                float(attrs.get("peer_latency", 0.0)), float(attrs["peer_bandwidth"])
-            )
-        return DeviceSpeed(
-            flops=float(attrs["flops"]),
-            bandwidth=float(attrs.get("host_bandwidth", math.inf)),
-            latency=float(attrs.get("host_latency", 0.0)),
-            launch_overhead=float(attrs.get("launch_overhead", 0.0)),
-            peer=peer,
-            memory_bandwidth=float(attrs.get("memory_bandwidth", math.inf)),
-            sync_latency=float(attrs.get("sync_latency", 0.0)),
-        )
-    except (TypeError, ValueError) as exc:
+        return _device_speed(attrs, str(attrs.get("speed_source", "")))
+    except ArgumentError as exc:
         raise PlanError(f"device {device} reports unusable speeds: {exc}") from exc
 
 
 def speeds_from_devices(devices: Iterable[Device]) -> dict[Device, DeviceSpeed]:
-    """Ask each device's backend for its speeds.
+    """Ask each device's backend for its speeds
+    (:meth:`devices.DeviceAPI.speed`).
 
     :param devices: the devices.
-    :return: one :class:`DeviceSpeed` per device.
+    :return: one :class:`~devices.DeviceSpeed` per device.
     :raises PlanError: if a backend is missing or reports no ``flops``.
     """
-    from devices import get_api
-    from devices.errors import AsyncrtError
-
     speeds: dict[Device, DeviceSpeed] = {}
     for dev in devices:
         try:
-            attrs = get_api(dev.kind).attributes(dev)
+            speeds[dev] = get_api(dev.kind).speed(dev)
         except AsyncrtError as exc:
             raise PlanError(f"cannot read the speed of {dev}: {exc}") from exc
-        speeds[dev] = speed_from_attributes(dev, attrs)
     return speeds
 
 
@@ -275,15 +203,51 @@ def node_nbytes(dag: nx.DiGraph, nid: int) -> int:
 
 def sync_latency(cost: CostModel, device: Device) -> float:
     """Seconds a stream of ``device``, blocked on an event, takes to go on
-    once the event is reached (a thread wake-up on the ``cpu``): its
-    :attr:`DeviceSpeed.sync_latency` in an :class:`AnalyticCostModel`, 0
-    in any other model (a table's costs are taken literally).
+    once the event is reached (a thread wake-up on the host): its
+    :attr:`~devices.DeviceSpeed.sync_latency` in an
+    :class:`AnalyticCostModel`, 0 in any other model (a table's costs are
+    taken literally).
 
     :param cost: the cost model.
     :param device: the waiting stream's device.
     """
     if isinstance(cost, AnalyticCostModel) and device in cost.speeds:
         return cost.speeds[device].sync_latency
+    return 0.0
+
+
+def runs_inline(plan: Plan) -> bool:
+    """Whether a plan runs on the calling thread: one stream, of the host
+    (:attr:`devices.DeviceAPI.is_host`), whose calls the caller may as well
+    make itself (:meth:`scheduler.dispatch.Program.run_sync` does, when its
+    program has no coroutine kernels and no tracer).
+
+    :param plan: the plan.
+    """
+    return len(plan.streams) == 1 and get_api(plan.streams[0].device).is_host
+
+
+def start_latency(cost: CostModel, plan: Plan) -> float:
+    """Predicted seconds from a run of ``plan`` being issued to its first
+    work, beyond what a plan run inline pays (see the module docstring).
+
+    The host issues every step of the run (a batch, a record or a wait each,
+    and one final record per stream), then the first stream's thread wakes
+    up: :meth:`~devices.DeviceSpeed.start_seconds` of the host-facing
+    device in an :class:`AnalyticCostModel`, the table's
+    :class:`StartCost` in a :class:`TableCostModel`, 0 in any other model.
+
+    :param cost: the cost model.
+    :param plan: the plan.
+    :return: 0 for a plan that :func:`runs_inline`.
+    """
+    if runs_inline(plan):
+        return 0.0
+    steps = len(plan.order) + len(plan.streams)
+    if isinstance(cost, AnalyticCostModel) and plan.host in cost.speeds:
+        return cost.speeds[plan.host].start_seconds(steps)
+    if isinstance(cost, TableCostModel):
+        return cost.start.seconds(steps)
     return 0.0
 
 
@@ -376,11 +340,13 @@ class AnalyticCostModel:
         if src == dst:
             return 0.0
         here, there = self._speed(src), self._speed(dst)
-        if src.kind == dst.kind and here.peer is not None and there.peer is not None:
-            copy = max(here.peer.seconds(nbytes), there.peer.seconds(nbytes))
-        else:
-            copy = max(here.copy_seconds(nbytes), there.copy_seconds(nbytes))
+        same_kind = src.kind == dst.kind
+        copy = transfer_seconds(here, there, nbytes, same_kind=same_kind)
         return copy + there.sync_latency
+
+
+#: A table's link between pairs it does not list: one byte per second.
+_UNIT_LINK = Link(0.0, 1.0)
 
 
 class TableCostModel:
@@ -395,15 +361,18 @@ class TableCostModel:
     :param default_link: the link between pairs not in ``links``.
     :param dag: the graph, to recognise null and ``__nop`` nodes (optional).
     :param supported: as for :class:`AnalyticCostModel`.
+    :param start: what a run on streams pays before its first work
+        (:func:`start_latency`); default: nothing.
     """
 
     def __init__(
         self,
         compute: Mapping[tuple[int, Device], float],
         links: Mapping[tuple[Device, Device], Link] | None = None,
-        default_link: Link = Link(0.0, 1.0),
+        default_link: Link = _UNIT_LINK,
         dag: nx.DiGraph | None = None,
         supported: Supported | None = None,
+        start: StartCost = StartCost(),
     ) -> None:
         for key, seconds in compute.items():
             if not seconds >= 0:
@@ -413,6 +382,7 @@ class TableCostModel:
         self._default_link = default_link
         self._dag = dag
         self._supported = supported if supported is not None else _always
+        self.start = start
 
     def compute_time(self, nid: int, device: Device) -> float:
         """Seconds node ``nid`` runs on ``device``, from the table.

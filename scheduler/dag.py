@@ -42,7 +42,10 @@ __all__ = (
 )
 
 NULL_OP = "null"
+#: TVM's no-op: the node's output aliases its input 0.
 NOP_FUNC = "__nop"
+#: TVM's device copy, and the name every :class:`~scheduler.plan.Copy` step
+#: shows: the one definition of the string.
 COPY_FUNC = "__copy"
 
 
@@ -116,6 +119,12 @@ class NodeSpec:
     def is_nop(self) -> bool:
         """Whether this is TVM's ``__nop``: its output aliases input 0."""
         return self.func_name == NOP_FUNC
+
+    @property
+    def is_copy(self) -> bool:
+        """Whether this is TVM's ``__copy``: its output is a copy of its one
+        input (a :class:`~scheduler.plan.Copy` step, no kernel)."""
+        return self.func_name == COPY_FUNC
 
 
 class EdgeUse(NamedTuple):

@@ -19,18 +19,30 @@ one cpu stream and nothing else: its calls run on the calling thread, in
 order, which is what the stream's worker would have done, minus the hop to
 that thread and the wake back (tens of microseconds a run on a busy host).
 
-A kernel that raises fails the
-run with :class:`~scheduler.errors.NodeFailedError` naming the node; the
-streams skip the rest of that run's work. Cancelling the awaiting task stops
-the streams at the next check (every :data:`CHECK_EVERY` calls), waits for
-in-flight work to drain, and re-raises the cancellation: the program is then
-ready for the next run. :meth:`Program.stop` (from the event loop, e.g.
-when an executor closes) stops a run in flight the same way from outside;
-that run raises :class:`~devices.errors.ClosedResourceError` once drained.
+A :class:`~scheduler.plan.Copy` step is bound to the devices' own copy
+path (:func:`devices.copy_function`) between its two tensors, never to a
+kernel; :func:`copy_now` runs one on the calling thread (the parameter
+copies an executor makes once, :meth:`~scheduler.plan.Plan.parameter_copies`).
 
-:func:`start_latency` predicts how late a plan's streams start on this
-host (rehearsed once per plan shape): the planner adds it to a plan's
-predicted makespan.
+A kernel that raises fails the run with
+:class:`~scheduler.errors.NodeFailedError` naming the node and the kernel's
+own exception; the streams skip the rest of that run's work.
+
+**Each run has its own cancel scope**, as trio gives each unit of work its
+own: the checks compiled into the batches (every :data:`CHECK_EVERY` calls)
+read the scope of the run in flight, and a stream that fails stops only the
+scope of the run it belongs to. So nothing left over from one run (a
+stream's failure callback that runs late, a stop meant for it) can stop the
+next. Cancelling the awaiting task cancels its run's scope: the streams skip
+the rest at their next check, in-flight work drains, and the cancellation
+is re-raised; the program is then ready for the next run.
+:meth:`Program.stop` (from the event loop, e.g. when an executor closes)
+stops the run in flight, and only it, the same way from outside; that run
+raises :class:`~devices.errors.ClosedResourceError` once drained.
+
+A plan's start (how late its streams get going) is the cost model's
+business, not the dispatcher's (:func:`scheduler.cost.start_latency`):
+planning never runs streams.
 
 A launch that is one part of a split node (:mod:`scheduler.split`) is bound
 to views of its rows: the kernel sees ``a[r0:r1], ..., out[r0:r1]``.
@@ -47,11 +59,8 @@ plain ones; without one, nothing on the run path changes.
 from __future__ import annotations
 
 import inspect
-import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import anyio
@@ -69,18 +78,18 @@ from devices import (
 from devices._event import Completion, wait_completion
 from devices.errors import ClosedResourceError, StreamError
 
+from .cost import runs_inline
 from .dag import Entry
 from .errors import NodeFailedError
-from .plan import Launch, Plan, RecordEvent
+from .plan import Copy, Launch, Plan, RecordEvent
 from .trace import ProgramTrace, TraceRecorder
 
 __all__ = (
     "CHECK_EVERY",
     "Bindable",
     "Program",
-    "rehearse_start",
+    "copy_now",
     "runs_inline",
-    "start_latency",
 )
 
 #: A batch checks for cancellation (or failure elsewhere) once per this many
@@ -119,16 +128,43 @@ class _Stopped(Exception):
     """Raised inside a stream to skip the rest of a cancelled or failed run."""
 
 
-class _RunState:
+class _RunScope:
+    """One run's cancel scope: set once to stop that run, never reset (the
+    next run gets a new one)."""
+
     __slots__ = ("halted", "stopped")
 
     def __init__(self) -> None:
         self.stopped = False  # the streams skip the rest of this run
         self.halted = False  # ... because stop() was called
 
+    def cancel(self) -> None:
+        """Stop the run: a kernel failed, or its caller was cancelled."""
+        self.stopped = True
 
-def _check(state: _RunState) -> None:
-    if state.stopped:
+    def halt(self) -> None:
+        """Stop the run from outside (:meth:`Program.stop`)."""
+        self.halted = True
+        self.stopped = True
+
+
+class _InFlight:
+    """The scope of a program's run in flight: what the checks compiled into
+    its batches read (they are bound once, to this, and serve every run)."""
+
+    __slots__ = ("scope",)
+
+    def __init__(self) -> None:
+        self.scope = _RunScope()
+
+    def begin(self) -> _RunScope:
+        """A new run starts: give it its own scope."""
+        scope = self.scope = _RunScope()
+        return scope
+
+
+def _check(in_flight: _InFlight) -> None:
+    if in_flight.scope.stopped:
         raise _Stopped
 
 
@@ -162,79 +198,20 @@ class _AsyncCall:
 _Action = _Batch | _Record | _Wait | _AsyncCall
 
 
-def runs_inline(plan: Plan) -> bool:
-    """Whether :meth:`Program.run_sync` runs ``plan`` on the calling thread:
-    one ``cpu`` stream (its program must also have no coroutine kernels and
-    no tracer).
+def copy_now(copy: Copy, arrays: Mapping[Entry, NDArray]) -> None:
+    """Run one copy step on the calling thread, now: the copies of
+    parameters an executor makes once, when it loads them
+    (:meth:`~scheduler.plan.Plan.parameter_copies`). The caller orders it
+    against streams (no run in flight may use either tensor).
 
-    :param plan: the plan.
+    :param copy: the step.
+    :param arrays: its tensors, by entry (the source may be larger: it is
+        read from its start).
     """
-    return len(plan.streams) == 1 and plan.streams[0].device.kind == "cpu"
-
-
-def start_latency(plan: Plan) -> float:
-    """Predicted seconds from :meth:`Program.run_sync` being called to
-    ``plan``'s first work, beyond what a plan run inline pays.
-
-    The host issues every step of a run (a batch, a record or a wait each,
-    and one final record per stream) while holding the GIL, and then blocks;
-    only then does the first stream's thread, woken by the first step, get
-    to run it. That is rehearsed on as many idle ``cpu`` streams as the plan
-    has, with as many steps, once per (streams, steps) in a process:
-    :func:`rehearse_start`.
-
-    :param plan: the plan.
-    :return: 0 for a plan that :func:`runs_inline`, else the rehearsal's.
-    """
-    if runs_inline(plan):
-        return 0.0
-    return rehearse_start(len(plan.streams), len(plan.order) + len(plan.streams))
-
-
-@cache
-def rehearse_start(streams: int, steps: int) -> float:
-    """Seconds from issuing a run of ``steps`` steps over ``streams`` idle
-    streams to the first stream's first call running: the first step is
-    that call, the rest no-op batches and records, round robin, as a run
-    issues them; then the host blocks on the last stream, as
-    :meth:`Program.run_sync` does. The median of 7 rounds, each after a nap
-    long enough for the streams' threads to block (~10 ms in all).
-
-    :param streams: streams, at least 1.
-    :param steps: steps, at least 1.
-    """
-    device = Device("cpu", 0)
-    api = get_api("cpu")
-    made = [api.create_stream(device) for _ in range(max(1, streams))]
-    try:
-        calls: list[Call] = [(_nothing, (), 0.0)]
-        started = [0.0]
-
-        def stamp() -> None:
-            started[0] = time.perf_counter()
-
-        rounds = []
-        for _ in range(7):
-            time.sleep(1e-3)  # the streams' threads block meanwhile
-            begin = time.perf_counter()
-            made[0].launch(stamp)
-            for step in range(1, steps):
-                stream = made[step % len(made)]
-                if step % 2:
-                    stream.launch_many(calls)
-                else:
-                    stream.record()
-            for stream in made:
-                stream.synchronize()
-            rounds.append(started[0] - begin)
-        return statistics.median(rounds)
-    finally:
-        for stream in made:
-            api.free_stream(stream)
-
-
-def _nothing() -> None:
-    pass
+    src, dst = arrays[copy.src], arrays[copy.dst]
+    copy_function(
+        src.buffer, src.byte_offset, dst.buffer, dst.byte_offset, dst.nbytes
+    )()
 
 
 class Program:
@@ -244,8 +221,9 @@ class Program:
     pool of them for concurrent runs.
 
     :param plan: the plan.
-    :param kernels: the kernel of every launch, by node id (``__copy``
-        launches need none).
+    :param kernels: the kernel of every launch, by node id (copies need
+        none: :meth:`~scheduler.plan.Plan.kernel_launches` lists the
+        launches that do).
     :param external: the arrays of the plan's external tensors (graph inputs
         and parameters), by entry.
     :param tracer: records every run's spans (see :meth:`set_tracer`).
@@ -272,7 +250,7 @@ class Program:
                 api = get_api(stream_plan.device.kind)
                 self._streams.append(api.create_stream(stream_plan.device))
             self._events = [Event(f"e{i}") for i in range(plan.num_events)]
-            self._state = _RunState()
+            self._in_flight = _InFlight()
             if tracer is not None:
                 self._trace = tracer.bind(plan, self._streams, self.arrays)
             self._actions = self._compile(kernels)
@@ -340,7 +318,7 @@ class Program:
         return arrays
 
     def _compile(self, kernels: Mapping[int, Kernel]) -> list[_Action]:
-        plan, state = self.plan, self._state
+        plan, in_flight = self.plan, self._in_flight
         actions: list[_Action] = []
         pending: dict[int, _Batch] = {}
         unchecked_calls: dict[int, int] = {}
@@ -365,7 +343,7 @@ class Program:
                 batch = pending.setdefault(stream, _Batch(stream, [], []))
                 unchecked = unchecked_calls.get(stream, CHECK_EVERY)
                 if unchecked >= CHECK_EVERY or step.work >= HEAVY_WORK:
-                    batch.calls.append((_check, (state,), 0.0))
+                    batch.calls.append((_check, (in_flight,), 0.0))
                     batch.launches.append(None)
                     unchecked = 0
                 unchecked_calls[stream] = unchecked + 1
@@ -403,8 +381,8 @@ class Program:
     def _bind_launch(
         self, step: Launch, kernels: Mapping[int, Kernel], stream: int
     ) -> tuple[Kernel, tuple[Any, ...]]:
-        if step.func_name == "__copy":
-            src, dst = (self.arrays[e] for e in step.args)
+        if isinstance(step, Copy):
+            src, dst = self.arrays[step.src], self.arrays[step.dst]
             copy = copy_function(
                 src.buffer, src.byte_offset, dst.buffer, dst.byte_offset, src.nbytes
             )
@@ -427,7 +405,7 @@ class Program:
             try:
                 return kernel.bind(*arrays), ()
             except Exception as exc:  # as a failing call would: name the node
-                raise self._node_error(step, stream) from exc
+                raise self._node_error(step, stream, exc) from exc
         return kernel, arrays
 
     # -- running ---------------------------------------------------------------
@@ -442,12 +420,10 @@ class Program:
             elif isinstance(action, _Wait):
                 streams[action.stream].wait_event(events[action.event])
 
-    def _finish(self) -> list[Completion]:
-        state = self._state
-
+    def _finish(self, scope: _RunScope) -> list[Completion]:
         def stop_others(completion: Completion) -> None:
             if completion.error is not None:
-                state.stopped = True  # the other streams skip the rest
+                scope.cancel()  # this run's other streams skip the rest
 
         completions = [stream.record().completion for stream in self._streams]
         for completion in completions:
@@ -468,67 +444,74 @@ class Program:
 
         :raises ClosedResourceError: if the program was closed.
         """
+        return self._launch()[0]
+
+    def _launch(self) -> tuple[list[Completion], _RunScope]:
         self._check_open()
-        self._state.stopped = self._state.halted = False
+        scope = self._in_flight.begin()
         if self._trace is not None:
             self._trace.begin()
         self._issue(self._actions)
-        return self._finish()
+        return self._finish(scope), scope
 
     def stop(self) -> None:
-        """Stop the run in flight: the streams skip the rest of its work at
-        their next check, in-flight calls finish, and :meth:`run` raises
-        :class:`ClosedResourceError` once they have (unless a kernel failed
-        first, or the run got through its last check). No effect between
-        runs: the next run starts afresh."""
-        self._state.halted = True
-        self._state.stopped = True
+        """Stop the run in flight, and only it: the streams skip the rest of
+        its work at their next check, in-flight calls finish, and
+        :meth:`run` raises :class:`ClosedResourceError` once they have
+        (unless a kernel failed first, or the run got through its last
+        check). No effect between runs: the next run has a scope of its
+        own."""
+        self._in_flight.scope.halt()
 
     async def run(self) -> None:
         """Run once; return when every stream is done.
 
-        :raises NodeFailedError: if a kernel raised (chained).
+        :raises NodeFailedError: if a kernel raised (chained, and named in
+            the message).
         :raises ClosedResourceError: if the program was closed, or the run
             was stopped with :meth:`stop`.
         """
         self._check_open()
-        self._state.stopped = self._state.halted = False
+        scope = self._in_flight.begin()
         if self._trace is not None:
             self._trace.begin()
         completions: list[Completion] = []
         try:
             if self._has_async:
-                await self._run_with_coroutines()
+                await self._run_with_coroutines(scope)
             else:
                 self._issue(self._actions)
-            completions = self._finish()
+            completions = self._finish(scope)
             for completion in completions:
                 await wait_completion(completion)
         except BaseException:
             # Cancelled (or failed on the host): stop the streams at their
             # next check, and let in-flight work drain before giving up the
             # memory it uses.
-            self._state.stopped = True
+            scope.cancel()
             with anyio.CancelScope(shield=True):
-                for completion in completions or self._finish():
+                for completion in completions or self._finish(scope):
                     await wait_completion(completion)
             raise
-        self._raise_first_error(completions)
+        self._raise_first_error(completions, scope)
 
     def run_sync(self) -> None:
         """Run once, blocking the calling thread (no event loop needed).
 
-        :raises NodeFailedError: if a kernel raised (chained).
+        :raises NodeFailedError: if a kernel raised (chained, and named in
+            the message).
+        :raises ClosedResourceError: if the program was closed, or the run
+            was stopped with :meth:`stop`.
         """
         if self._has_async:
             raise TypeError("a plan with coroutine kernels needs `await run()`")
         if self._inline is not None:
             self._run_inline(self._inline)
             return
-        completions = self.launch()
+        completions, scope = self._launch()
         for completion in completions:
             completion.wait()
-        self._raise_first_error(completions)
+        self._raise_first_error(completions, scope)
 
     def _run_inline(self, batch: _Batch) -> None:
         """Run ``batch`` on this thread, failing as the stream would have:
@@ -536,8 +519,7 @@ class Program:
         another thread (:meth:`stop`) :class:`ClosedResourceError` at the
         next check."""
         self._check_open()
-        state = self._state
-        state.stopped = state.halted = False
+        self._in_flight.begin()
         index = 0
         try:
             for fn, args, _ in batch.calls:
@@ -550,34 +532,36 @@ class Program:
             launch = batch.launches[index]
             if launch is None:  # a check itself cannot fail but for a stop
                 raise
-            raise self._node_error(launch, batch.stream) from exc
+            raise self._node_error(launch, batch.stream, exc) from exc
 
-    async def _run_with_coroutines(self) -> None:
-        streams, state = self._streams, self._state
+    async def _run_with_coroutines(self, scope: _RunScope) -> None:
+        streams = self._streams
         for action in self._actions:
-            if state.stopped:  # failed or stopped: launch nothing more
+            if scope.stopped:  # failed or stopped: launch nothing more
                 return
             if isinstance(action, _AsyncCall):
                 # The host runs this node: wait for its stream to get here.
                 ready = streams[action.stream].record().completion
                 await wait_completion(ready)
                 if ready.error is not None:  # a kernel before it failed
-                    self._raise_first_error([ready])
+                    self._raise_first_error([ready], scope)
                 try:
                     await action.kernel(*action.args)
                 except Exception as exc:
-                    raise self._node_error(action.launch, action.stream) from exc
+                    error = self._node_error(action.launch, action.stream, exc)
+                    raise error from exc
             else:
                 self._issue((action,))
 
     # -- errors ------------------------------------------------------------------
 
-    def _raise_first_error(self, completions: Sequence[Completion]) -> None:
+    def _raise_first_error(
+        self, completions: Sequence[Completion], scope: _RunScope
+    ) -> None:
         errors = [c.error for c in completions if c.error is not None]
         if not errors:
             return
-        halted = self._state.halted
-        self._state.stopped = True
+        scope.cancel()
         for error in errors:
             root = _batch_error(error)
             if root is None or id(root.batch) not in self._batches:
@@ -585,16 +569,18 @@ class Program:
             batch = self._batches[id(root.batch)]
             launch = batch.launches[root.index]
             if launch is not None:  # None: a check that stopped this stream
-                raise self._node_error(launch, batch.stream) from root.__cause__
-        if halted:
+                cause = root.__cause__
+                raise self._node_error(launch, batch.stream, cause) from cause
+        if scope.halted:
             raise ClosedResourceError("the run was stopped before it finished")
         raise StreamError(f"run failed: {errors[0]!r}", "") from errors[0]
 
-    def _node_error(self, launch: Launch, stream: int) -> NodeFailedError:
+    def _node_error(
+        self, launch: Launch, stream: int, cause: BaseException | None
+    ) -> NodeFailedError:
         device = self.plan.streams[stream].device
-        return NodeFailedError(
-            launch.name, launch.func_name, str(device), self._streams[stream].label
-        )
+        label = self._streams[stream].label
+        return NodeFailedError(launch.name, launch.func_name, str(device), label, cause)
 
     # -- lifetime ------------------------------------------------------------------
 

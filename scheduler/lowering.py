@@ -4,21 +4,22 @@ Given where every node runs (:mod:`scheduler.placement`), this pass decides
 the launches and how the streams order them:
 
 1. **Copies.** A tensor read on a device other than its own gets one
-   ``__copy`` launch per consumer *device* (not per consumer); every
-   consumer on that device reads the copy. Graph outputs computed away from
-   the host are copied back to it. A *parameter* read elsewhere gets a
-   constant copy instead: no launch, made once by the executor when the
-   parameters are loaded (``Lowered.constant_copies``).
+   :class:`~scheduler.plan.Copy` step per consumer *device* (not per
+   consumer); every consumer on that device reads the copy. Graph outputs
+   computed away from the host are copied back to it. A *parameter* read
+   elsewhere gets a constant copy instead: no step, made once by the
+   executor when the parameters are loaded (``Lowered.constant_copies``).
+   A graph's own ``__copy`` node is a copy step too, on a compute stream.
 2. **Issue order.** Launches are taken in the order the placement predicted
    them to start (ties by topological position): a topological order, so a
    producer always comes before its consumers.
 3. **Streams.** Each device gets up to ``max_streams`` compute streams and
    a copy stream, so transfers overlap compute. A copy runs on its
-   destination's copy stream, but one from a ``sim`` to the host (``cpu``)
-   on a second copy stream of the sim's: its copy engines move data both
-   ways (as CUDA's device-to-host copies can run on device streams), the
-   copy keeps the sim's clock, and the host's cores and threads are left
-   to the host's own work. A node continues the
+   destination's copy stream, but one to the host from a device whose copy
+   engines move data both ways (:attr:`devices.DeviceAPI.outgoing_copies`:
+   the simulated accelerator) on a second copy stream of that device's:
+   the copy keeps the device's clock, and the host's cores and threads are
+   left to the host's own work. A node continues the
    stream of a same-device producer whose stream it would directly follow
    (a chain stays on one stream); otherwise it opens a new stream or takes
    the one that frees up first (independent branches spread out).
@@ -44,13 +45,13 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from devices import Device
+from devices import Device, get_api
 
-from .dag import Entry, TensorSpec, graph_spec, node_spec
-from .plan import Launch, RecordEvent, Step, StreamPlan, WaitEvent
+from .dag import Entry, NodeSpec, TensorSpec, graph_spec, node_spec
+from .plan import Copy, Launch, RecordEvent, Step, StreamPlan, WaitEvent
 from .split import split_launch
 
-__all__ = ("Lowered", "lower")
+__all__ = ("Lowered", "lower", "node_launch")
 
 
 @dataclass(frozen=True)
@@ -130,22 +131,20 @@ def lower(
             if root(entry).nid in params:
                 constant_copies[copy] = entry
                 return copy
-            launch = Launch(
+            step = Copy(
                 nid=copy.nid,
                 name=f"copy_{entry.nid}_{entry.index}_to_{device.kind}{device.index}",
-                func_name="__copy",
                 args=(entry, copy),
-                num_inputs=1,
             )
             copy_at[key] = len(launches)
-            launches.append((when, rank, launch, device, True))
+            launches.append((when, rank, step, device, True))
         elif key in copy_at:
             # A shared copy goes before its earliest consumer, not its first
             # in topological order: issue order must stay topological.
             at = copy_at[key]
-            old_when, old_rank, launch, _, _ = launches[at]
+            old_when, old_rank, shared, _, _ = launches[at]
             if (when, rank) < (old_when, old_rank):
-                launches[at] = (when, rank, launch, device, True)
+                launches[at] = (when, rank, shared, device, True)
         return copies[key]
 
     for nid in sorted(dag.nodes, key=topo.__getitem__):
@@ -166,15 +165,9 @@ def lower(
             location[entry] = device
         when = start.get(nid, 0.0)
         inputs = tuple(on_device(e, device, when, topo[nid]) for e in spec.inputs)
-        launch = Launch(
-            nid=nid,
-            name=spec.name,
-            func_name=spec.func_name,
-            args=(*inputs, *outputs),
-            num_inputs=len(inputs),
-            work=spec.flops,
+        launches.append(
+            (when, topo[nid], node_launch(spec, nid, inputs), device, False)
         )
-        launches.append((when, topo[nid], launch, device, False))
     final = len(topo)
     heads = tuple(
         on_device(h, host, float("inf"), final) for h in graph_spec(dag).heads
@@ -186,6 +179,27 @@ def lower(
         launches, devices, max_streams, tensors, location, aliases, heads, splits or {}
     )
     return dataclasses.replace(lowered, constant_copies=constant_copies)
+
+
+def node_launch(spec: NodeSpec, nid: int, inputs: tuple[Entry, ...]) -> Launch:
+    """The step that runs node ``nid``: a :class:`~scheduler.plan.Copy` for
+    a graph's own ``__copy`` node, else a kernel :class:`Launch`.
+
+    :param spec: the node.
+    :param nid: its id.
+    :param inputs: the tensors it reads (copies on its device, if any).
+    """
+    outputs = tuple(Entry(nid, i) for i in range(len(spec.outputs)))
+    if spec.is_copy and len(inputs) == 1 and len(outputs) == 1:
+        return Copy(nid=nid, name=spec.name, args=(*inputs, *outputs))
+    return Launch(
+        nid=nid,
+        name=spec.name,
+        func_name=spec.func_name,
+        args=(*inputs, *outputs),
+        num_inputs=len(inputs),
+        work=spec.flops,
+    )
 
 
 _Key = tuple[int, int]  # Launch.key: node id and part index
@@ -287,18 +301,14 @@ class _CopyEngine:
     outgoing: bool
 
 
-#: Kinds whose copies to the host run on the device's own (outgoing) copy
-#: stream, as an accelerator's copy engines move data both ways: the sim,
-#: whose streams keep its clock. (A remote device's copy to the host is a
-#: fetch the host makes; cuda's are issued on the host's stream for now.)
-_DEVICE_SIDE_COPY_KINDS = frozenset({"sim"})
-
-
 def _copy_engine(src: Device, dst: Device) -> _CopyEngine:
     """The copy stream of a copy from ``src`` to ``dst``: the destination's
-    incoming one, except for a copy from a device of
-    ``_DEVICE_SIDE_COPY_KINDS`` to a ``cpu``: the device's outgoing one."""
-    if dst.kind == "cpu" and src.kind in _DEVICE_SIDE_COPY_KINDS:
+    incoming one, except for a copy to the host from a device whose copies
+    to the host run on its own streams
+    (:attr:`devices.DeviceAPI.outgoing_copies`): that device's outgoing one.
+    """
+    source = get_api(src)
+    if get_api(dst).is_host and not source.is_host and source.outgoing_copies:
         return _CopyEngine(src, outgoing=True)
     return _CopyEngine(dst, outgoing=False)
 

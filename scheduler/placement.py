@@ -33,7 +33,9 @@ Pins, resolved by :func:`resolve_pins` before any policy choice:
 * ``NodeSpec.device``: the node runs there (:class:`PlanError` if that device
   is not in the list);
 * ``NodeSpec.device_type`` (a DLPack code, TVM's ``device_index``): the first
-  listed device of that type (``cpu`` 1, ``cuda`` 2, ...). A code that no
+  listed device of that type, as its backend reports it
+  (:attr:`devices.DeviceAPI.dlpack_device_type`: ``cpu`` 1, ``cuda`` 2,
+  ...). A code that no
   listed device has is *ignored*: the node is free. ``sim`` devices have no
   DLPack code, and TVM files pin every node to ``1`` (cpu) even when the
   compiler had one target, so this is what lets a TVM graph built for the
@@ -105,7 +107,8 @@ from types import MappingProxyType
 
 import networkx as nx
 
-from devices import Device, DLDeviceType
+from devices import Device, get_api
+from devices.errors import DeviceNotFoundError
 
 from .cost import CostModel, edge_nbytes
 from .dag import graph_spec, node_spec
@@ -160,26 +163,19 @@ Policy = Callable[[nx.DiGraph, Sequence[Device], CostModel], Placement]
 #: The names :func:`get_policy` knows.
 POLICY_NAMES = ("auto", "fastest", "heft", "lookahead", "peft", "single")
 
-_DLPACK_CODES: Mapping[str, int] = MappingProxyType(
-    {
-        "cpu": DLDeviceType.CPU,
-        "cuda": DLDeviceType.CUDA,
-        "opencl": DLDeviceType.OPENCL,
-        "vulkan": DLDeviceType.VULKAN,
-        "metal": DLDeviceType.METAL,
-        "rocm": DLDeviceType.ROCM,
-    }
-)
-
 
 def dlpack_code(device: Device) -> int | None:
-    """The DLPack device-type code of ``device``'s kind, or ``None``
-    (``sim`` has none).
+    """The DLPack device-type code of ``device``'s kind
+    (:attr:`devices.DeviceAPI.dlpack_device_type`), or ``None`` (the
+    simulated accelerator has none, nor a kind no backend provides here).
 
     :param device: the device.
     :return: the code or ``None``.
     """
-    return _DLPACK_CODES.get(device.kind)
+    try:
+        return get_api(device).dlpack_device_type
+    except DeviceNotFoundError:
+        return None
 
 
 def resolve_pins(dag: nx.DiGraph, devices: Sequence[Device]) -> dict[int, Device]:

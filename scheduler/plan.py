@@ -7,6 +7,19 @@ and parameters —, or an alias of another tensor, as TVM's ``__nop``); and how
 big each arena is. It is computed once by :mod:`scheduler.planner` and run
 many times by :mod:`scheduler.dispatch`; running it does no planning.
 
+A plan has two kinds of work step (and two of ordering step, records and
+waits): a :class:`Launch` runs a node's kernel; a :class:`Copy` moves one
+tensor to another device (or place), run by the devices' copy path, not by a
+kernel — as tinygrad's ``exec_copy`` beside ``exec_kernel``. A copy is a
+launch in every other respect (it reads its first argument and writes its
+second, and storage and ordering treat it so), which is why it subclasses
+:class:`Launch`: :meth:`Plan.kernel_launches` and :meth:`Plan.copies` tell
+them apart. Copies of *parameters* are no stream's step: the executor makes
+them once, when it loads the parameters (:meth:`Plan.parameter_copies`).
+
+A plan also keeps the figures it was planned from (:attr:`Plan.speeds`), so
+one can see why it is what it is, and plan again from the same figures.
+
 A large elementwise node may run as several *parts* (:mod:`scheduler.split`):
 launches of the same node, one per stream, each over its own block of rows
 of the output (:class:`Part`); ``print(plan)`` shows them as ``sum[0/2]``,
@@ -21,12 +34,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from devices import Device
+from devices import Device, DeviceSpeed
 
-from .dag import Entry, TensorSpec
+from .dag import COPY_FUNC, Entry, TensorSpec
 
 __all__ = (
     "Arena",
+    "Copy",
     "Launch",
     "Part",
     "Plan",
@@ -85,7 +99,8 @@ class Launch:
 
     :ivar nid: the node id.
     :ivar name: the node's name.
-    :ivar func_name: the kernel's name (``"__copy"`` for a device copy).
+    :ivar func_name: the kernel's name (:data:`~scheduler.dag.COPY_FUNC` for
+        a :class:`Copy`).
     :ivar args: the tensors passed, inputs then outputs (destination passing).
     :ivar num_inputs: how many of ``args`` are inputs.
     :ivar work: estimated floating-point operations.
@@ -115,6 +130,36 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class Copy(Launch):
+    """Copy tensor :attr:`src` into tensor :attr:`dst` (``args``, in that
+    order), on the stream's device: a step of its own kind, which the
+    dispatcher runs with the devices' copy path, never a kernel.
+
+    Lowering inserts one on every edge that crosses devices (and for every
+    head computed away from the host); a graph's own ``__copy`` node is one
+    too. Its :attr:`func_name` is :data:`~scheduler.dag.COPY_FUNC`, which
+    profiles and printed plans show.
+
+    :ivar nid: the copy's id (a tensor id of its own for an inserted copy).
+    :ivar name: its name, such as ``copy_3_0_to_sim0``.
+    :ivar args: the source and the destination.
+    """
+
+    func_name: str = field(default=COPY_FUNC, init=False)
+    num_inputs: int = field(default=1, init=False)
+
+    @property
+    def src(self) -> Entry:
+        """The tensor copied."""
+        return self.args[0]
+
+    @property
+    def dst(self) -> Entry:
+        """The tensor written."""
+        return self.args[1]
+
+
+@dataclass(frozen=True)
 class RecordEvent:
     """Record event ``event`` on this stream."""
 
@@ -128,7 +173,8 @@ class WaitEvent:
     event: int
 
 
-Step = Launch | RecordEvent | WaitEvent
+#: A stream's step: a kernel launch, a copy, a record or a wait.
+Step = Launch | Copy | RecordEvent | WaitEvent
 
 
 @dataclass(frozen=True)
@@ -179,7 +225,10 @@ class Plan:
     :ivar policy: the placement policy that produced the plan.
     :ivar constant_copies: copies of parameters on the devices that read
         them, made once by the executor before any run (stored as external
-        tensors): the copy and the tensor it copies.
+        tensors): the copy and the tensor it copies (as steps:
+        :meth:`parameter_copies`).
+    :ivar speeds: the timing-model figures of every device the plan was
+        made with (an analytic cost model's; empty for other models).
     """
 
     host: Device
@@ -196,15 +245,32 @@ class Plan:
     makespan: float = 0.0
     policy: str = "single"
     constant_copies: Mapping[Entry, Entry] = field(default_factory=dict)
+    speeds: Mapping[Device, DeviceSpeed] = field(default_factory=dict)
 
     def launches(self) -> list[Launch]:
-        """Every launch, in issue order."""
+        """Every launch, copies included, in issue order."""
         result = []
         for stream, step in self.order:
             item = self.streams[stream].steps[step]
             if isinstance(item, Launch):
                 result.append(item)
         return result
+
+    def kernel_launches(self) -> list[Launch]:
+        """The launches that run a kernel (no copies), in issue order."""
+        return [launch for launch in self.launches() if not isinstance(launch, Copy)]
+
+    def copies(self) -> list[Copy]:
+        """The copies the streams run, in issue order."""
+        return [launch for launch in self.launches() if isinstance(launch, Copy)]
+
+    def parameter_copies(self) -> list[Copy]:
+        """The copies of parameters made once, before any run, as steps
+        (:attr:`constant_copies`), by destination."""
+        return [
+            Copy(copy.nid, f"param_copy_{source.nid}_{source.index}", (source, copy))
+            for copy, source in sorted(self.constant_copies.items())
+        ]
 
     def resolve(self, entry: Entry) -> Entry:
         """Follow aliases to the tensor that owns the memory."""

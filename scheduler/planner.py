@@ -22,13 +22,19 @@ kept only if they save more than their extra steps and streams cost to
 start; what they save comes off the predicted makespan.
 
 The predicted makespan of a plan run on streams includes their start
-(:func:`scheduler.dispatch.start_latency`: the host issues every step, then
-a stream's thread wakes up); one the dispatcher runs on the calling thread
-(one cpu stream) starts at once. A split over devices pays only if it beats
-that: with a policy that guards against the single fastest device (every
-name but ``"single"``), a plan over several devices is replaced by
-everything on the host-facing cpu when that is predicted no slower, start
-included.
+(:func:`scheduler.cost.start_latency`: the host issues every step, then a
+stream's thread wakes up, at the cost model's figures); one the dispatcher
+runs on the calling thread (one stream of the host) starts at once. A split
+over devices pays only if it beats that: with a policy that guards against
+the single fastest device (every name but ``"single"``), a plan over
+several devices is replaced by everything on the host-facing device, when
+that is the host itself (:attr:`devices.DeviceAPI.is_host`) and is
+predicted no slower, start included.
+
+Planning is pure: it reads the DAG, the devices' capabilities and the cost
+model, and nothing else (it never times anything), so the same graph and
+the same cost figures always give the same plan, which keeps the figures it
+was made from (:attr:`~scheduler.plan.Plan.speeds`).
 
 With one device and one stream the order is the whole story, and storage
 comes from exact interval liveness. Otherwise the placement policy
@@ -46,15 +52,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 import networkx as nx
 
-from devices import Device
+from devices import Device, DeviceSpeed, get_api
 
-from .cost import AnalyticCostModel, CostModel
+from .cost import AnalyticCostModel, CostModel, runs_inline, start_latency
 from .dag import Entry, TensorSpec, graph_spec, node_spec
-from .dispatch import runs_inline, start_latency
 from .errors import PlanError
 from .happens_before import HappensBefore, LaunchRef
 from .liveness import compute_liveness, default_order
-from .lowering import Lowered, lower
+from .lowering import Lowered, lower, node_launch
 from .placement import Placement, Policy, place
 from .plan import Arena, Launch, Plan, StreamPlan, TensorPlacement
 from .split import RowSplit, choose_splits
@@ -98,14 +103,16 @@ def plan_graph(
     if len(devices) > 1 or max_streams > 1:
         model = cost or AnalyticCostModel.from_devices(dag, devices, supported)
         plan = _started(
-            _plan_streams(dag, tuple(devices), policy, max_streams, model, split)
+            _plan_streams(dag, tuple(devices), policy, max_streams, model, split),
+            model,
         )
-        if _guards(policy) and devices[0].kind == "cpu" and not runs_inline(plan):
+        if _guards(policy) and get_api(devices[0]).is_host and not runs_inline(plan):
             try:
                 host = _started(
                     _plan_streams(
                         dag, tuple(devices), "single", max_streams, model, split
-                    )
+                    ),
+                    model,
                 )
             except PlanError:  # a node the host cannot run, or pinned elsewhere
                 return plan
@@ -145,16 +152,7 @@ def plan_graph(
                 )
         if spec.is_null or spec.is_nop:
             continue
-        launches.append(
-            Launch(
-                nid=nid,
-                name=spec.name,
-                func_name=spec.func_name,
-                args=(*spec.inputs, *outputs),
-                num_inputs=len(spec.inputs),
-                work=spec.flops,
-            )
-        )
+        launches.append(node_launch(spec, nid, spec.inputs))
     stream = StreamPlan(device, tuple(launches))
     graph = graph_spec(dag)
     model = cost or AnalyticCostModel.from_devices(dag, devices, supported)
@@ -172,12 +170,18 @@ def plan_graph(
         heads=graph.heads,
         # One stream: the launches one after another.
         makespan=sum(model.compute_time(launch.nid, device) for launch in launches),
+        speeds=_speeds(model),
     )
 
 
-def _started(plan: Plan) -> Plan:
+def _speeds(cost: CostModel) -> Mapping[Device, DeviceSpeed]:
+    """The figures a cost model plans from, if it has any."""
+    return dict(cost.speeds) if isinstance(cost, AnalyticCostModel) else {}
+
+
+def _started(plan: Plan, cost: CostModel) -> Plan:
     """``plan`` with its streams' start added to the predicted makespan."""
-    return dataclasses.replace(plan, makespan=plan.makespan + start_latency(plan))
+    return dataclasses.replace(plan, makespan=plan.makespan + start_latency(cost, plan))
 
 
 def _guards(policy: str | Policy) -> bool:
@@ -221,8 +225,8 @@ def _plan_streams(
         if parted is not lowered:
             # Kept only if they save more than their extra steps cost the
             # host to issue.
-            more = start_latency(_skeleton(parted, devices, placement, inputs))
-            less = start_latency(_skeleton(lowered, devices, placement, inputs))
+            more = start_latency(cost, _skeleton(parted, devices, placement, inputs))
+            less = start_latency(cost, _skeleton(lowered, devices, placement, inputs))
             if saved > more - less:
                 lowered = parted
             else:
@@ -259,6 +263,7 @@ def _plan_streams(
         makespan=max(0.0, placement.makespan - saved),
         policy=placement.policy,
         constant_copies=lowered.constant_copies,
+        speeds=_speeds(cost),
     )
 
 

@@ -14,9 +14,11 @@ values), so the result is bit-identical.
 
 **What splits.** A launch of node ``n`` on device ``d`` may split when
 
-* ``d``'s kind is one of :attr:`RowSplit.kinds` (the ``cpu``: each stream
-  is a thread of its own; an accelerator's kernel already fills the
-  device) and the plan already has at least 2 compute streams there (from
+* ``d``'s streams compute side by side
+  (:attr:`devices.DeviceAPI.concurrent_streams`: the host's, each a thread
+  of its own; an accelerator's kernel already fills the device), or its
+  kind is one of :attr:`RowSplit.kinds` where those are given, and the
+  plan already has at least 2 compute streams there (from
   independent branches). Parts only ever use those streams: a split never
   opens a stream, so a chain stays on one, and the executor's kernel pool
   sizes (BLAS threads per cpu stream, :mod:`asyncrt.runtime._threads`) stay what
@@ -75,12 +77,12 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from devices import Device
+from devices import Device, get_api
 
 from .cost import CostModel, sync_latency
-from .dag import COPY_FUNC, Entry, NodeSpec, TensorSpec, node_spec
+from .dag import Entry, NodeSpec, TensorSpec, node_spec
 from .fusion import broadcasts
-from .plan import Launch, Part, RecordEvent, WaitEvent
+from .plan import Copy, Launch, Part, RecordEvent, WaitEvent
 
 if TYPE_CHECKING:
     from .lowering import Lowered
@@ -119,12 +121,23 @@ class RowSplit:
 
     :ivar elementwise: whether a node's kernel is elementwise.
     :ivar min_bytes: the smallest output worth splitting.
-    :ivar kinds: the device kinds whose streams may share a node.
+    :ivar kinds: the device kinds whose streams may share a node;
+        ``None`` (the default): those whose streams compute side by side
+        (:attr:`devices.DeviceAPI.concurrent_streams`).
     """
 
     elementwise: Callable[[NodeSpec], bool]
     min_bytes: int = MIN_BYTES
-    kinds: frozenset[str] = frozenset({"cpu"})
+    kinds: frozenset[str] | None = None
+
+    def splits_on(self, device: Device) -> bool:
+        """Whether launches on ``device`` may be cut across its streams.
+
+        :param device: the device.
+        """
+        if self.kinds is not None:
+            return device.kind in self.kinds
+        return get_api(device).concurrent_streams
 
 
 def row_cuts(
@@ -212,9 +225,9 @@ def _candidate(
     options: RowSplit,
 ) -> bool:
     """Whether ``launch`` may split at all (before asking what it saves)."""
-    if launch.func_name == COPY_FUNC or launch.part is not None:
+    if isinstance(launch, Copy) or launch.part is not None:
         return False
-    if device.kind not in options.kinds or launch.nid not in dag:
+    if launch.nid not in dag or not options.splits_on(device):
         return False
     outputs = launch.args[launch.num_inputs :]
     if len(outputs) != 1 or tensors[outputs[0]].nbytes < options.min_bytes:
@@ -278,8 +291,8 @@ def simulate(lowered: Lowered, cost: CostModel) -> Timeline:
 def _duration(
     launch: Launch, device: Device, lowered: Lowered, cost: CostModel
 ) -> float:
-    if launch.func_name == COPY_FUNC:
-        source = launch.args[0]
+    if isinstance(launch, Copy):
+        source = launch.src
         owner = lowered.aliases.get(source, source)
         nbytes = lowered.tensors[source].nbytes
         return cost.transfer_time(nbytes, lowered.location[owner], device)
@@ -371,7 +384,7 @@ def compute_streams(lowered: Lowered) -> dict[Device, list[int]]:
     compute: dict[Device, list[int]] = {}
     for s, stream in enumerate(lowered.streams):
         if any(
-            isinstance(step, Launch) and step.func_name != COPY_FUNC
+            isinstance(step, Launch) and not isinstance(step, Copy)
             for step in stream.steps
         ):
             compute.setdefault(stream.device, []).append(s)

@@ -12,21 +12,24 @@ Each launch gets two durations:
 * its *wall* span, ``start`` and ``end`` on the host's ``perf_counter``
   clock: what really happened on the stream (the timeline shows these);
 * its *device time*, what the device's own clock says it took (per-node
-  profiles report these):
+  profiles report these), as the device's
+  :class:`~devices.CallTimer` (:meth:`devices.DeviceAPI.call_timer`) says:
 
-  - ``cpu``: the wall time of the call on the stream's thread;
-  - ``sim``: the duration the simulated device charges by its timing model
-    (``launch_overhead + work / flops`` for a kernel, ``latency + nbytes /
-    bandwidth`` for a copy over its link), exact whatever the host's load;
-    the wall span of a sim kernel starts when its stream's thread got to
+  - by default (the host): the wall time of the call on the stream's thread;
+  - a device that models its time (the simulated accelerator): the
+    duration its model charges (:mod:`devices._timing`:
+    ``launch_overhead + work / flops`` for a kernel, and for a copy where
+    only modelled devices and the host take part,
+    :func:`devices.modelled_copy_seconds`), exact whatever the host's load;
+    the wall span of such a kernel starts when its stream's thread got to
     it and lasts at least that long (the thread sleeps the rest of the
-    modelled time after the call). The sim keeps its own clock, which may
-    run ahead of its threads (:mod:`devices.sim`), so a wall span can start
-    after the next device's work it enabled did: a wait ends at its record,
-    or when its stream's next launch started, if that was earlier;
-  - ``cuda``: CUDA events recorded around the call on its stream, read once
-    the run is over (the wall span of a cuda launch is when the host issued
-    it);
+    modelled time after the call). Such a device keeps its own clock, which
+    may run ahead of its threads (:mod:`devices.sim`), so a wall span can
+    start after the next device's work it enabled did: a wait ends at its
+    record, or when its stream's next launch started, if that was earlier;
+  - a device that records marks around the call on its stream (CUDA
+    events): the time between them, read once the run is over (the wall
+    span of such a launch is when the host issued it);
   - a coroutine kernel: its wall time on the event loop.
 
 Records and waits are not timed by the streams (that would add work to every
@@ -47,18 +50,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
-from devices import Device, NDArray, Stream, get_api
+from devices import (
+    CallTimer,
+    Device,
+    NDArray,
+    Stream,
+    get_api,
+    modelled_copy_seconds,
+)
 from devices._event import Completion
 
-from .dag import COPY_FUNC, Entry
-from .plan import Launch, Plan, RecordEvent
-
-if TYPE_CHECKING:
-    from devices.sim import SimConfig
+from .dag import Entry
+from .plan import Copy, Launch, Plan, RecordEvent
 
 __all__ = ("ProgramTrace", "RunTrace", "Span", "SpanKind", "TraceRecorder")
 
@@ -135,6 +142,7 @@ class _Slot:
     step: int
     launch: Launch
     modelled: float | None  # the device's modelled time, if it models one
+    marked: CallTimer | None  # the timer that reads its marks, if it marks
 
 
 class _RunRecord:
@@ -256,11 +264,15 @@ class ProgramTrace:
         :return: the traced call.
         """
         device = self.plan.streams[stream].device
+        timer = get_api(device).call_timer(device)
+        coroutine = inspect.iscoroutinefunction(fn)
+        marks = timer if timer.marks and not coroutine else None
         slot = len(self._slots)
-        self._slots.append(_Slot(stream, step, launch, self._modelled(device, launch)))
+        modelled = self._modelled(timer, launch)
+        self._slots.append(_Slot(stream, step, launch, modelled, marks))
         clock = time.perf_counter
         outputs = launch.args[launch.num_inputs :]
-        if inspect.iscoroutinefunction(fn):
+        if coroutine:
 
             async def traced_async(*args: Any) -> None:
                 start = clock()
@@ -271,8 +283,8 @@ class ProgramTrace:
                 self._capture(outputs, launch)
 
             return traced_async
-        if device.kind == "cuda":
-            return _cuda_wrapper(self, fn, slot, outputs, launch)
+        if marks is not None:
+            return _marked(self, fn, slot, outputs, launch, marks)
 
         def traced(*args: Any) -> None:
             start = clock()
@@ -306,18 +318,18 @@ class ProgramTrace:
                 whole = record.outputs.setdefault(entry, np.zeros_like(value))
                 whole[part.start : part.stop] = value[part.start : part.stop]
 
-    def _modelled(self, device: Device, launch: Launch) -> float | None:
+    def _modelled(self, timer: CallTimer, launch: Launch) -> float | None:
         """The device's modelled duration of ``launch``, if it models one."""
-        if launch.func_name == COPY_FUNC:
-            src, dst = (self._arrays[e] for e in launch.args[:2])
-            return _modelled_copy(src.device, dst.device, src.nbytes)
-        if device.kind == "sim":
-            config = _sim_config(device)
-            if math.isinf(config.memory_bandwidth):
-                return config.compute_seconds(launch.work)
+        if isinstance(launch, Copy):
+            src, dst = self._arrays[launch.src], self._arrays[launch.dst]
+            return modelled_copy_seconds(src.buffer, dst.buffer, src.nbytes)
+        model = timer.model
+        if model is None:
+            return None
+        nbytes = 0
+        if not math.isinf(model.memory_bandwidth):  # a roofline: count bytes
             nbytes = sum(self._part_nbytes(e, launch) for e in set(launch.args))
-            return config.compute_seconds(launch.work, nbytes)
-        return None
+        return model.compute_seconds(launch.work, nbytes)
 
     def _part_nbytes(self, entry: Entry, launch: Launch) -> int:
         """Bytes ``launch`` touches of ``entry``: its rows, for a part of a
@@ -359,8 +371,8 @@ class ProgramTrace:
                 # The sim sleeps the rest of a kernel's modelled time after
                 # the call returns: its stream is busy until then.
                 end = max(end, start + device_time)
-            elif events is not None:
-                device_time = _cuda_elapsed(events)
+            elif events is not None and slot.marked is not None:
+                device_time = slot.marked.elapsed(*events)
             else:
                 device_time = end - start
             measured[slot.stream, slot.step] = (start, end, device_time)
@@ -415,7 +427,7 @@ def _derive(
                         stopped[s] = True
                         break
                     start, end, device_time = times
-                    kind: SpanKind = "copy" if step.func_name == COPY_FUNC else "kernel"
+                    kind: SpanKind = "copy" if isinstance(step, Copy) else "kernel"
                     per_stream[s].append(
                         Span(kind, s, label, device, start, end, device_time, step)
                     )
@@ -497,63 +509,27 @@ def _next_start(
     return None
 
 
-def _sim_config(device: Device) -> SimConfig:
-    from devices.sim import SimDeviceAPI  # loaded with the sim kind, not before
-
-    api = get_api(device.kind)
-    if not isinstance(api, SimDeviceAPI):
-        raise TypeError(f"the {device.kind!r} kind is not the simulated device")
-    return api.config(device)
-
-
-def _modelled_copy(src: Device, dst: Device, nbytes: int) -> float | None:
-    """The sim's modelled duration of a copy, where only sim and host
-    memory take part (a staged copy through a real device is measured)."""
-    kinds = {src.kind, dst.kind}
-    if "sim" not in kinds or not kinds <= {"sim", "cpu"}:
-        return None
-    if src.kind == dst.kind == "sim":
-        if src == dst:
-            return 0.0
-        return max(
-            _sim_config(src).copy_seconds(nbytes), _sim_config(dst).copy_seconds(nbytes)
-        )
-    sim_side = src if src.kind == "sim" else dst
-    return _sim_config(sim_side).copy_seconds(nbytes)
-
-
-def _cuda_wrapper(
+def _marked(
     trace: ProgramTrace,
     fn: Kernel,
     slot: int,
     outputs: Sequence[Entry],
     launch: Launch,
+    timer: CallTimer,
 ) -> Kernel:
-    """A traced call on a cuda stream: CUDA events around it on the
-    stream that the worker thread has made current."""
-    import cupy
-
+    """A traced call on a device that times calls by marks on its stream
+    (CUDA events): one recorded right before the call, one right after, on
+    the stream the worker thread has made current."""
     clock = time.perf_counter
 
     def traced(*args: Any) -> None:
-        before = cupy.cuda.Event()
-        before.record()
+        before = timer.mark()
         start = clock()
         try:
             fn(*args)
         finally:
             end = clock()
-            after = cupy.cuda.Event()
-            after.record()
-            trace._append(slot, start, end, (before, after))
+            trace._append(slot, start, end, (before, timer.mark()))
         trace._capture(outputs, launch)
 
     return traced
-
-
-def _cuda_elapsed(events: tuple[Any, Any]) -> float:
-    import cupy
-
-    before, after = events
-    after.synchronize()
-    return float(cupy.cuda.get_elapsed_time(before, after)) / 1e3

@@ -17,8 +17,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from devices import Device, get_api, list_devices
-from scheduler.dag import COPY_FUNC
-from scheduler.plan import Launch, Plan, RecordEvent
+from scheduler.plan import Copy, Launch, Plan, RecordEvent
 
 from .. import debug_executor, graph_executor
 from ..graph_executor import GraphModule
@@ -121,7 +120,7 @@ def _plan_data(plan: Plan) -> dict[str, Any]:
     for device in plan.devices:
         streams = [s for s in plan.streams if s.device == device]
         launches = [st for s in streams for st in s.steps if isinstance(st, Launch)]
-        copies = sum(launch.func_name == COPY_FUNC for launch in launches)
+        copies = sum(isinstance(launch, Copy) for launch in launches)
         arena = plan.arenas.get(device)
         devices.append(
             {
@@ -357,12 +356,14 @@ async def cmd_plan(args: argparse.Namespace, out: Output) -> int:
                 "model": model.name,
                 **_plan_data(plan),
                 "plan": _steps(plan),
+                "figures": _figures(plan),
                 "dot": None if written is None else str(written),
             }
         )
     else:
         out.line(f"Model: {model.name}")
         _print_plan(out, plan)
+        _print_figures(out, plan)
         out.line(str(plan))
     if written is not None:
         wanted = Path(args.dot)
@@ -371,6 +372,49 @@ async def cmd_plan(args: argparse.Namespace, out: Output) -> int:
         else:
             out.note(f"plan drawn to {written}")
     return 0
+
+
+def _figures(plan: Plan) -> list[dict[str, Any]]:
+    """The cost figures the plan was made from, per device."""
+    return [
+        {
+            "device": str(device),
+            "flops": speed.flops,
+            "memory_bandwidth": speed.memory_bandwidth,
+            "launch_overhead_s": speed.launch_overhead,
+            "host_latency_s": speed.latency,
+            "host_bandwidth": speed.bandwidth,
+            "sync_latency_s": speed.sync_latency,
+            "issue_overhead_s": speed.issue_overhead,
+            "source": speed.source,
+        }
+        for device, speed in sorted(plan.speeds.items())
+    ]
+
+
+def _print_figures(out: Output, plan: Plan) -> None:
+    figures = _figures(plan)
+    if not figures:
+        return
+
+    def rate(value: float, unit: str, unbounded: str) -> str:
+        return unbounded if value == float("inf") else f"{value / 1e9:.3g} G{unit}"
+
+    out.table(
+        ("Device", "Compute", "Memory", "Launch", "Link", "Wake", "Source"),
+        [
+            [f["device"], rate(f["flops"], "FLOP/s", "-"),
+             rate(f["memory_bandwidth"], "B/s", "no bound"),
+             f"{1e6 * f['launch_overhead_s']:.2f} us",
+             "free" if f["host_bandwidth"] == float("inf")
+             else f"{1e6 * f['host_latency_s']:.1f} us + "
+             f"{rate(f['host_bandwidth'], 'B/s', '-')}",
+             f"{1e6 * f['sync_latency_s']:.1f} us", f["source"] or "-"]
+            for f in figures
+        ],
+        title="Planned from these figures",
+        wrap=("Source",),
+    )  # fmt: skip
 
 
 # -- profile -----------------------------------------------------------------------

@@ -24,6 +24,7 @@ import numpy as np
 from typing_extensions import Unpack
 
 from devices import NDArray
+from scheduler.dag import COPY_FUNC, NOP_FUNC
 
 from ..errors import ArgumentError, KernelNotFoundError
 from ..graph import Graph, load_graph
@@ -78,7 +79,7 @@ class GraphExecutorFactory:
         names = {
             n.func_name
             for n in self.graph.nodes
-            if not n.is_null and n.func_name not in ("__nop", "__copy")
+            if not n.is_null and n.func_name not in (NOP_FUNC, COPY_FUNC)
         }
         return tuple(sorted(names))
 

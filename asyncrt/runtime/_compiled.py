@@ -20,7 +20,7 @@ from functools import cached_property
 import networkx as nx
 
 from devices import Device
-from scheduler.dag import COPY_FUNC, Entry, TensorSpec, node_spec
+from scheduler.dag import Entry, TensorSpec, node_spec
 from scheduler.dispatch import Kernel
 from scheduler.plan import Plan
 from scheduler.planner import plan_graph
@@ -193,9 +193,7 @@ def _check_runnable(
 def _kernels(plan: Plan, lib: Module | None) -> dict[int, Kernel]:
     kernels: dict[int, Kernel] = {}
     missing: list[str] = []
-    for launch in plan.launches():
-        if launch.func_name == COPY_FUNC:
-            continue
+    for launch in plan.kernel_launches():
         device = plan.placement[launch.nid]
         kernel = _find(launch.func_name, device, lib)
         if kernel is None:

@@ -106,7 +106,9 @@ class ExecutorCore:
         self.devices = tuple(devices)
         self._parameters = Parameters() if parameters is None else parameters
         inputs = {node.name for node in graph.nodes if node.is_null}
-        constants = (set(params or ()) | self._parameters.names()) & inputs
+        # Inherited parameters this graph does not read are no concern of
+        # its; a name given here that is no input is an error (GraphError).
+        constants = set(params or ()) | (self._parameters.names() & inputs)
         self.compiled: CompiledGraph = compile_graph(
             graph, lib, self.devices, options, sorted(constants)
         )

@@ -46,8 +46,7 @@ from typing import Any
 
 import threadpoolctl
 
-from scheduler.dag import COPY_FUNC
-from scheduler.plan import Launch, Plan
+from scheduler.plan import Copy, Launch, Plan
 
 __all__ = (
     "ThreadLease",
@@ -74,7 +73,7 @@ def cpu_streams(plan: Plan) -> int:
     return sum(
         stream.device.kind == "cpu"
         and any(
-            isinstance(step, Launch) and step.func_name != COPY_FUNC
+            isinstance(step, Launch) and not isinstance(step, Copy)
             for step in stream.steps
         )
         for stream in plan.streams

@@ -6,12 +6,15 @@ import math
 
 import pytest
 
+import devices
 from devices import Device, get_api, sim
+from devices.errors import ArgumentError
 from devices.sim import SimConfig
 from scheduler.cost import (
     AnalyticCostModel,
     DeviceSpeed,
     Link,
+    StartCost,
     TableCostModel,
     edge_nbytes,
     speed_from_attributes,
@@ -95,7 +98,7 @@ def test_a_cross_device_edge_pays_the_destinations_sync_latency() -> None:
     assert speed_from_attributes(CPU, {"flops": 1.0, "sync_latency": 2e-5}) == (
         DeviceSpeed(flops=1.0, sync_latency=2e-5)
     )
-    with pytest.raises(PlanError, match="sync_latency"):
+    with pytest.raises(ArgumentError, match="sync_latency"):
         DeviceSpeed(flops=1.0, sync_latency=-1.0)
 
 
@@ -139,14 +142,17 @@ def test_unknown_device_is_a_plan_error() -> None:
 
 
 def test_invalid_speeds_are_rejected() -> None:
-    with pytest.raises(PlanError):
+    # The timing model's figures are the device layer's (devices._timing).
+    with pytest.raises(ArgumentError):
         DeviceSpeed(flops=0.0)
-    with pytest.raises(PlanError):
+    with pytest.raises(ArgumentError):
         DeviceSpeed(flops=1.0, latency=-1.0)
-    with pytest.raises(PlanError):
+    with pytest.raises(ArgumentError):
         Link(bandwidth=0.0)
     with pytest.raises(PlanError):
         TableCostModel({(0, CPU): -1.0})
+    with pytest.raises(PlanError):
+        StartCost(per_step=-1.0)
 
 
 def test_table_model_is_literal() -> None:
@@ -176,7 +182,7 @@ def test_roofline_devices_pay_for_the_bytes_a_node_moves() -> None:
     assert model.compute_time(2, CPU) == 1e-3 + max(1.0, 56 / 8.0)
     assert model.compute_time(1, CPU) == 1e-3 + max(3.0, 64 / 8.0)
     assert model.compute_time(2, SIM0) == 1.0  # no memory bound: flops alone
-    with pytest.raises(PlanError):
+    with pytest.raises(ArgumentError):
         DeviceSpeed(flops=1.0, memory_bandwidth=0.0)
 
 
@@ -194,3 +200,16 @@ def test_cpu_reports_a_roofline() -> None:
     speed = speeds_from_devices([CPU])[CPU]
     assert 0 < speed.memory_bandwidth < math.inf
     assert speed.launch_overhead > 0
+
+
+def test_the_timing_model_is_the_device_layers() -> None:
+    """One timing model: the cost model plans with the formulas the sim
+    charges by, defined once in devices."""
+    assert DeviceSpeed is devices.DeviceSpeed and Link is devices.Link
+    config = SimConfig(flops=3e9, bandwidth=2e9, latency=4e-6, memory_bandwidth=1e9)
+    sim.configure(2, config)
+    assert get_api("sim").speed(SIM1) == config.speed
+    model = AnalyticCostModel.from_devices(_dag(), [SIM0, SIM1])
+    assert model.speeds[SIM0] == config.speed
+    assert model.compute_time(1, SIM0) == config.compute_seconds(3e9, 64)
+    assert model.transfer_time(4096, SIM0, SIM1) == config.copy_seconds(4096)
