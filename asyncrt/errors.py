@@ -10,6 +10,7 @@ import os
 
 from devices.errors import (
     AllocationError,
+    ArgumentError,
     AsyncrtError,
     ClosedResourceError,
     CopyError,
@@ -207,12 +208,6 @@ class NodeOutOfMemoryError(NodeFailedError, OutOfMemoryError):
             f"{cause.device}: requested {cause.requested} bytes, free {free} "
             f"(stream {failed.stream})",
         )
-
-
-class ArgumentError(AsyncrtError, ValueError):
-    """Raised when a tool (time evaluator, debug executor, profile report,
-    timeline, command line) is given an argument it cannot use; the message
-    names the argument and what was wrong with it."""
 
 
 class WorkerError(AsyncrtError, RuntimeError):

@@ -46,9 +46,12 @@ class UnsupportedOperationError(DeviceError):
 
 
 class ArgumentError(AsyncrtError, ValueError):
-    """Raised when a function of the device layer is given a value it cannot
-    use (a speed that is not positive, a configuration that would strand
-    memory in use); the message names the value and what was wrong."""
+    """Raised when a function is given an argument it cannot use (an
+    executor option out of range, a device where a kernel library goes, a
+    speed that is not positive, a configuration that would strand memory in
+    use, a tool's bad count); the message names the argument, what was
+    wrong and, where there are few, the accepted values. One class for
+    every package (:mod:`asyncrt.errors` re-exports it)."""
 
 
 class AllocationError(DeviceError, ValueError):

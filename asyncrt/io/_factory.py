@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from typing_extensions import Unpack
 
-from devices import NDArray
+from devices import NDArray, get_api, registered_kinds
+from devices.errors import DeviceNotFoundError
 from scheduler.dag import COPY_FUNC, NOP_FUNC
 
 from ..errors import ArgumentError, KernelNotFoundError
@@ -203,7 +204,7 @@ def load_module(
     missing = [
         name
         for name in factory.kernel_names
-        if not any(resolve(name, kind, lib) for kind in ("cpu", "sim", "cuda"))
+        if not any(resolve(name, kind, lib) for kind in _kinds_running_kernels())
     ]
     if missing:
         raise KernelNotFoundError(
@@ -220,3 +221,16 @@ def _check_params(params: object) -> None:
             f"params must map names to arrays, got {type(params).__name__} "
             f"{params!r:.60}; read a params file with asyncrt.load_param_dict"
         )
+
+
+def _kinds_running_kernels() -> list[str]:
+    """The device kinds available here whose kernels run in this process
+    (a remote kind's run on its workers, found there by name)."""
+    kinds = []
+    for kind in registered_kinds():
+        try:
+            if get_api(kind).array_namespace is not None:
+                kinds.append(kind)
+        except DeviceNotFoundError:  # its backend does not load here
+            continue
+    return kinds

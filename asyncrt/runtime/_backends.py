@@ -24,8 +24,7 @@ from typing import Protocol
 
 import anyio
 
-from devices import Device, get_api
-from devices.sim import SimConfig, SimDeviceAPI
+from devices import Device, get_api, process_state
 
 from ..errors import ArgumentError, NodeFailedError, WorkerError
 from . import _blas_choice, _threads
@@ -251,7 +250,7 @@ class WorkerProcesses:
             imports=options.worker_imports,
             layout=IoLayout.of(inputs, outputs),
             nice=options.worker_nice,
-            sim_configs=_sim_configs(self._devices),
+            device_state=process_state(),
         )
 
     async def prepare(
@@ -271,8 +270,10 @@ class WorkerProcesses:
         async with self._lock:
             if self._blas_env is not None:  # another run chose meanwhile
                 return
-            on_cpu = any(d.kind == "cpu" for d in compiled.plan.placement.values())
-            sets = _blas_choice.candidates(self._env) if on_cpu else ()
+            on_host = any(
+                get_api(d.kind).is_host for d in compiled.plan.placement.values()
+            )
+            sets = _blas_choice.candidates(self._env) if on_host else ()
             if not sets:  # nothing to choose, or no kernel runs on the cpu
                 self._blas_env = {}
                 return
@@ -329,13 +330,3 @@ def _blas_env(options: ExecutorOptions) -> dict[str, str] | None:
             f"worker_env[{_blas_choice.ENV!r}] both choose the kernel set: give one"
         )
     return {_blas_choice.ENV: options.worker_blas}
-
-
-def _sim_configs(devices: Sequence[Device]) -> tuple[SimConfig, ...] | None:
-    """This process's ``sim`` configurations, if ``devices`` has a sim."""
-    if not any(d.kind == "sim" for d in devices):
-        return None
-    api = get_api("sim")
-    if not isinstance(api, SimDeviceAPI):  # another backend took the name
-        return None
-    return tuple(api.config(Device("sim", i)) for i in range(api.device_count()))

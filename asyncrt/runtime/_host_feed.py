@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from devices import Device, NDArray
+from devices import Device, NDArray, get_api
 from devices._ndarray import wrap_fresh_host
 from scheduler.dag import Entry
 
@@ -55,7 +55,7 @@ class HostFeed:
             name: entry for name, entry in names.items() if entry in context.inputs
         }
         self._inputs: dict[str, np.ndarray[Any, Any]] | None = None
-        if all(context.inputs[e].device.kind == "cpu" for e in owned.values()):
+        if all(_on_host(context.inputs[e].device) for e in owned.values()):
             self._inputs = {
                 name: context.inputs[entry].backend_array()
                 for name, entry in owned.items()
@@ -63,7 +63,7 @@ class HostFeed:
         self._entries = frozenset(owned.values())
         arrays = [context.output(entry) for entry in heads]
         self._outputs: list[tuple[np.ndarray[Any, Any], str]] | None = None
-        if host == Device("cpu") and all(a.device == host for a in arrays):
+        if _on_host(host) and all(a.device == host for a in arrays):
             self._outputs = [(array.backend_array(), array.dtype) for array in arrays]
 
     def fill(self, inputs: Mapping[str, Any]) -> bool:
@@ -94,3 +94,8 @@ class HostFeed:
         if self._outputs is None:
             return None
         return [wrap_fresh_host(view.copy(), dtype) for view, dtype in self._outputs]
+
+
+def _on_host(device: Device) -> bool:
+    """Whether ``device``'s arrays are host memory numpy can view."""
+    return get_api(device.kind).is_host

@@ -48,7 +48,6 @@ import numpy as np
 from devices import Device
 from devices import errors as device_errors
 from devices.errors import OutOfMemoryError, RemoteError
-from devices.sim import SimConfig
 from scheduler import errors as scheduler_errors
 from scheduler.cost import CostModel
 from scheduler.errors import NodeFailedError
@@ -182,8 +181,10 @@ class WorkerSpec:
         register themselves).
     :ivar layout: the I/O block's layout.
     :ivar nice: added to the worker's scheduling niceness (0: unchanged).
-    :ivar sim_configs: the parent's ``sim`` device configurations, if the
-        devices include one (a worker's sims model the same hardware).
+    :ivar device_state: the parent's device state that a worker must share
+        (:func:`devices.process_state`: the simulated devices' speeds and
+        sizes, ...), plain JSON-able data; e.g. so that a worker's sims
+        model the same hardware.
     """
 
     graph: str
@@ -194,7 +195,7 @@ class WorkerSpec:
     imports: tuple[str, ...]
     layout: IoLayout
     nice: int = 0
-    sim_configs: tuple[SimConfig, ...] | None = None
+    device_state: Mapping[str, Any] | None = None
 
     def to_bytes(self) -> bytes:
         """The spec as a JSON header (its length first, 8 bytes) and the
@@ -211,9 +212,9 @@ class WorkerSpec:
                 "nbytes": self.layout.nbytes,
             },
             "nice": self.nice,
-            "sim_configs": None
-            if self.sim_configs is None
-            else [dataclasses.asdict(config) for config in self.sim_configs],
+            "device_state": None
+            if self.device_state is None
+            else dict(self.device_state),
         }
         text = json.dumps(header).encode()
         return struct.pack("<Q", len(text)) + text + save_param_dict(self.params)
@@ -229,7 +230,6 @@ class WorkerSpec:
             return tuple(Slot(n, at, tuple(shape), dt) for n, at, shape, dt in rows)
 
         layout = header["layout"]
-        configs = header["sim_configs"]
         return cls(
             graph=header["graph"],
             params={name: array.numpy() for name, array in params.items()},
@@ -241,9 +241,7 @@ class WorkerSpec:
                 slots(layout["inputs"]), slots(layout["outputs"]), layout["nbytes"]
             ),
             nice=header["nice"],
-            sim_configs=None
-            if configs is None
-            else tuple(SimConfig(**config) for config in configs),
+            device_state=header["device_state"],
         )
 
 
@@ -283,11 +281,11 @@ def decode_error(data: Mapping[str, Any], worker: str) -> BaseException:
     """The exception :func:`encode_error` described, raised in ``worker``
     (a description such as ``"worker process 123"``)."""
     if data["kind"] == "node":
+        cause = None if data["cause"] is None else decode_error(data["cause"], worker)
         error = NodeFailedError(
-            data["node"], data["op"], data["device"], data["stream"]
+            data["node"], data["op"], data["device"], data["stream"], cause
         )
-        if data["cause"] is not None:
-            error.__cause__ = decode_error(data["cause"], worker)
+        error.__cause__ = cause
         return error
     if data["kind"] == "oom":
         return OutOfMemoryError(data["device"], data["requested"], data["available"])

@@ -60,10 +60,10 @@ def build(spec: WorkerSpec) -> Any:
     """The executor ``spec`` describes (imports its modules first)."""
     for module in spec.imports:
         importlib.import_module(module)
-    from devices import Device, sim
+    from devices import Device, restore_process_state
 
-    if spec.sim_configs is not None:
-        sim.configure(len(spec.sim_configs), spec.sim_configs)
+    if spec.device_state is not None:
+        restore_process_state(spec.device_state)
 
     from .. import graph_executor
     from ._options import ExecutorOptions

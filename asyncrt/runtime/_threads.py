@@ -46,6 +46,7 @@ from typing import Any
 
 import threadpoolctl
 
+from devices import get_api
 from scheduler.plan import Copy, Launch, Plan
 
 __all__ = (
@@ -69,9 +70,10 @@ def available_cores() -> int:
 
 
 def cpu_streams(plan: Plan) -> int:
-    """The cpu streams of ``plan`` that run kernels (copies do not count)."""
+    """The streams of ``plan`` whose kernels run on the host's cores (a host
+    device's streams) and that run kernels (copies do not count)."""
     return sum(
-        stream.device.kind == "cpu"
+        get_api(stream.device.kind).is_host
         and any(
             isinstance(step, Launch) and not isinstance(step, Copy)
             for step in stream.steps

@@ -170,6 +170,7 @@ async def test_kernel_failure_names_the_node_and_keeps_the_worker() -> None:
         assert (error.node, error.op, error.device) == ("k0", "test_boom_relu", "cpu:0")
         assert isinstance(error.__cause__, ValueError)
         assert "boom on purpose" in str(error.__cause__)
+        assert "boom on purpose" in str(error)  # the reason in the message
         pids = worker_pids()
         x = np.linspace(-1, 1, N, dtype=np.float32)
         check(await ex.run(x=x), x)
@@ -470,7 +471,9 @@ async def test_setting_a_parameter_reaches_the_workers() -> None:
 
 def test_the_spec_crosses_as_json_and_params_without_pickles() -> None:
     from asyncrt.runtime._process_wire import IoLayout, WorkerSpec
-    from devices.sim import SimConfig
+    from devices import process_state, sim
+
+    sim.configure(2, [sim.SimConfig(), sim.SimConfig(flops=1e9, memory_bandwidth=2e9)])
 
     spec = WorkerSpec(
         graph=graph("relu").to_json(),
@@ -481,7 +484,7 @@ def test_the_spec_crosses_as_json_and_params_without_pickles() -> None:
         imports=KERNELS,
         layout=IoLayout.of({"x": ((N,), "float32")}, [((N,), "float32")] * 2),
         nice=5,
-        sim_configs=(SimConfig(), SimConfig(flops=1e9, memory_bandwidth=2e9)),
+        device_state=process_state(),
     )
     again = WorkerSpec.from_bytes(spec.to_bytes())
     np.testing.assert_array_equal(again.params["c"], C)
