@@ -125,6 +125,12 @@ def _onnx(file: Path) -> Model:
             f"imported here ({exc}); pip install 'asyncrt[onnx]'"
         ) from exc
     graph, params = from_onnx(str(file))
+    if not isinstance(graph, Graph):
+        inputs = ", ".join(f"{i.name}{i.describe()}" for i in graph.inputs.values())
+        raise ArgumentError(
+            f"{file}: the model's input shapes are symbolic or decided by input "
+            f"values ({inputs}); the command line runs fixed shapes only"
+        )
     return Model(file.name, graph, params)
 
 
