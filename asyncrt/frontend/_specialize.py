@@ -188,7 +188,8 @@ class _Specialization(Importer):
                     raise self._misfit(step, str(exc.__cause__)) from exc
                 raise
             except GraphError as exc:
-                raise self._misfit(step, str(exc)) from exc
+                reason = str(exc).removeprefix(f"node {exc.node!r}: ")
+                raise self._misfit(step, reason) from exc
         heads = [self._output(out.name) for out in self.graph.output]
         self.builder.output(*heads)
         inputs = tuple(i.name for i in self.owner.prepared.inputs if not i.shape_valued)

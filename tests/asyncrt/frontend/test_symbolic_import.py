@@ -236,6 +236,23 @@ def test_a_shape_the_model_cannot_take_is_an_input_error_naming_the_node() -> No
         graph.specialize({"x": (9,)}, {})
 
 
+def test_an_empty_batch_runs_but_an_empty_sequence_has_no_first_token() -> None:
+    model = bert_encoder(TINY)
+    graph, params = from_onnx(model)
+    assert isinstance(graph, SymbolicGraph)
+    feed = bert_feed(0, 4)
+    outputs = _run(graph, params, feed)
+    assert [o.shape for o in outputs] == [(0, 4, TINY.hidden), (0, TINY.hidden)]
+    # The pooler reads token 0: with no tokens, no run could succeed.
+    shapes = {k: v.shape for k, v in bert_feed(2, 0).items()}
+    with pytest.raises(
+        InputError,
+        match=r"\(Gather\) cannot take batch=2, sequence=0: \(Gather\) index 0 is "
+        "out of range for axis 1 of size 0",
+    ):
+        graph.specialize(shapes, {})
+
+
 def test_a_static_reshape_that_changes_the_size_is_refused() -> None:
     node = helper.make_node("Reshape", ["x", "s"], ["y"], name="bad")
     init = numpy_helper.from_array(np.array([5, 3], np.int64), "s")
