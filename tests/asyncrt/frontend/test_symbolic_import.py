@@ -6,10 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import numpy as np
 import onnx
 import pytest
@@ -20,6 +21,10 @@ from asyncrt import graph_executor
 from asyncrt.errors import GraphError, InputError, UnsupportedOpError
 from asyncrt.frontend import from_onnx
 from asyncrt.graph import Graph, SymbolicGraph, SymbolicInput
+from devices import Device
+from scheduler.cost import CostModel
+from scheduler.dag import node_spec
+from scheduler.placement import Placement, evaluate
 
 from .models import model_of, small_cnn
 from .symbolic_models import TINY, bert_encoder, bert_feed, cnn_symbolic_batch
@@ -105,6 +110,40 @@ def test_cnn_with_symbolic_batch_matches_onnxruntime() -> None:
         np.testing.assert_allclose(got, session.run(None, {"x": x})[0], atol=1e-5)
     with pytest.raises(InputError, match="'x': dimension 1 is 4, the model fixes it"):
         graph.signature({"x": (2, 4, 16, 16)}, {})
+
+
+def _round_robin(
+    dag: nx.DiGraph, devices: Sequence[Device], cost: CostModel
+) -> Placement:
+    """Every operator on the next device in turn: every edge may cross."""
+    ops = [n for n in nx.topological_sort(dag) if not node_spec(dag, n).is_null]
+    chosen = {nid: devices[i % len(devices)] for i, nid in enumerate(ops)}
+    for nid in dag.nodes:
+        chosen.setdefault(nid, devices[0])
+    return evaluate(dag, devices, cost, chosen, name="round_robin")
+
+
+@pytest.mark.anyio
+async def test_specializations_split_over_cpu_and_sim_devices() -> None:
+    model = bert_encoder(TINY)
+    session = _session(model)
+    graph, params = from_onnx(model)
+    assert isinstance(graph, SymbolicGraph)
+    for batch, seq in [(2, 5), (1, 11)]:
+        feed = bert_feed(batch, seq)
+        spec = graph.specialize({k: v.shape for k, v in feed.items()}, {})
+        with graph_executor.create(
+            spec.graph,
+            None,
+            ["cpu:0", "sim:0", "sim:1"],
+            policy=_round_robin,
+            params=spec.with_shared(params),
+        ) as executor:
+            used = {executor.plan.placement[n] for n in range(len(spec.graph.nodes))}
+            assert {d.kind for d in used} == {"cpu", "sim"}
+            outputs = await executor.run(**feed) or []
+        for got, want in zip(outputs, session.run(None, feed), strict=True):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
 
 
 def test_a_fixed_model_still_imports_the_static_graph() -> None:
