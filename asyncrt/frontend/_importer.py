@@ -394,7 +394,7 @@ class Importer:
             _check_alias(context, context.spec(call_arg(call)), specs[0])
             return (arrays[0].reshape(specs[0].shape),)
         outs = [np.empty(s.shape, s.numpy_dtype()) for s in specs]
-        kernel = _host_kernel(context, call)
+        kernel = self._host_kernel(context, call)
         try:
             with np.errstate(all="ignore"):
                 kernel(*arrays, *outs)
@@ -413,8 +413,7 @@ class Importer:
         attrs = {ONNX_OP_ATTR: context.op_type}
         if call.attrs is not None:
             try:
-                attrs[OP_ATTRS_ATTR] = encode_attrs(call.attrs)
-                func_name = register_op_kernel(call.func, call.attrs)
+                attrs[OP_ATTRS_ATTR], func_name = self._configure(call.func, call.attrs)
             except (ValueError, KeyError) as exc:
                 raise context.unsupported(
                     f"cannot configure its kernel: {exc}"
@@ -432,6 +431,19 @@ class Importer:
         )
         for out_name, handle, spec in zip(named, results, specs, strict=True):
             self.values[out_name] = Tensor(handle, spec)
+
+    def _host_kernel(self, context: NodeContext, call: Call) -> Callable[..., Any]:
+        """The numpy kernel of ``call``, to fold it at import time."""
+        return _host_kernel(context, call)
+
+    def _configure(self, op: str, attrs: Mapping[str, Any]) -> tuple[str, str]:
+        """The canonical attributes of a library op and its kernel's name
+        (registered now).
+
+        :raises ValueError: if the op refuses the attributes.
+        :raises KeyError: if there is no such op.
+        """
+        return encode_attrs(attrs), register_op_kernel(op, attrs)
 
     def _argument(
         self, context: NodeContext, arg: int | np.ndarray[Any, Any], k: int

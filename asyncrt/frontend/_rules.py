@@ -130,7 +130,7 @@ class NodeContext:
         is behind its operator's specification."""
         self.__dict__["outputs"] = specs
 
-    @property
+    @cached_property
     def num_outputs(self) -> int:
         """How many outputs the node names."""
         return sum(1 for name in self.node.output if name)

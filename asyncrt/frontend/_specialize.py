@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from ..graph import (
 )
 from ._importer import Importer, default_opset, node_rule
 from ._infer import InferenceFailed
-from ._rules import Rule, parse_attrs
+from ._rules import Call, NodeContext, Rule, parse_attrs
 from ._shapes import fast_outputs
 from ._values import Const, Tensor
 
@@ -95,6 +95,12 @@ class OnnxSpecializer:
         self.opset = default_opset(prepared.model)
         self.steps = tuple(self._step(node) for node in prepared.model.graph.node)
         self.consts = {name: Const(a) for name, a in prepared.shared.items()}
+        #: kernels configured by earlier specializations: (op, repr(attrs))
+        #: -> (canonical attrs, kernel name); most nodes' attributes do not
+        #: change with the shapes
+        self.kernels: dict[tuple[str, str], tuple[str, str]] = {}
+        #: numpy kernels made to fold shape nodes, likewise
+        self.folders: dict[tuple[str, str], Callable[..., Any]] = {}
 
     def _step(self, node: onnx.NodeProto) -> _Step:
         name = node.name or next((o for o in node.output if o), node.op_type)
@@ -196,6 +202,24 @@ class _Specialization(Importer):
         return Specialized(
             self.builder.build(), dict(self.params), inputs, tuple(self.shared_read)
         )
+
+    def _configure(self, op: str, attrs: Mapping[str, Any]) -> tuple[str, str]:
+        # repr is exact for the JSON-like values rules give (ints, floats,
+        # strings, lists): equal text means equal attributes.
+        key = (op, repr(attrs))
+        found = self.owner.kernels.get(key)
+        if found is None:
+            found = super()._configure(op, attrs)
+            self.owner.kernels[key] = found
+        return found
+
+    def _host_kernel(self, context: NodeContext, call: Call) -> Callable[..., Any]:
+        key = (call.func, repr(call.attrs))
+        found = self.owner.folders.get(key)
+        if found is None:
+            found = super()._host_kernel(context, call)
+            self.owner.folders[key] = found
+        return found
 
     def _misfit(self, step: _Step, reason: str) -> InputError:
         bound = [f"{symbol}={size}" for symbol, size in self.dims.items()]
