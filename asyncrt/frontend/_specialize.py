@@ -41,7 +41,7 @@ from ._importer import Importer, default_opset, node_rule
 from ._infer import InferenceFailed
 from ._rules import Call, NodeContext, Rule, parse_attrs
 from ._shapes import fast_outputs
-from ._values import Const, Tensor
+from ._values import Const, Tensor, Value
 
 __all__ = ("FORMAT", "OnnxSpecializer", "Prepared")
 
@@ -54,10 +54,14 @@ class Prepared:
     """An ONNX model ready to specialize.
 
     :ivar model: the model without initializers and without the nodes
-        folded at import (their values are in ``shared`` where read later).
+        folded at import (their values are shared constants where read
+        later).
     :ivar inputs: the inputs a caller gives.
-    :ivar shared: the const values later nodes or outputs read: the shared
-        parameters.
+    :ivar held: the shared constants whose values specializations read (the
+        inputs of shape nodes, of a rule's static positions, and every small
+        one).
+    :ivar lazy: the other shared constants (weights that only kernels
+        read): their specs only; a specialization names them.
     :ivar relu: output names of Conv nodes that apply a ReLU.
     :ivar prefix: the start of every per-signature parameter's name (no
         shared parameter's or input's name starts with it).
@@ -65,7 +69,8 @@ class Prepared:
 
     model: onnx.ModelProto
     inputs: tuple[SymbolicInput, ...]
-    shared: Mapping[str, np.ndarray[Any, Any]]
+    held: Mapping[str, np.ndarray[Any, Any]]
+    lazy: Mapping[str, TensorSpec]
     relu: frozenset[str]
     prefix: str
 
@@ -94,7 +99,7 @@ class OnnxSpecializer:
         self.prepared = prepared
         self.opset = default_opset(prepared.model)
         self.steps = tuple(self._step(node) for node in prepared.model.graph.node)
-        self.consts = {name: Const(a) for name, a in prepared.shared.items()}
+        self.consts = {name: Const(a) for name, a in prepared.held.items()}
         #: kernels configured by earlier specializations: (op, repr(attrs))
         #: -> (canonical attrs, kernel name); most nodes' attributes do not
         #: change with the shapes
@@ -133,7 +138,11 @@ class OnnxSpecializer:
     def payload(self) -> bytes:
         """The prepared model and its settings, as bytes."""
         meta = json.dumps(
-            {"relu": sorted(self.prepared.relu), "prefix": self.prepared.prefix},
+            {
+                "relu": sorted(self.prepared.relu),
+                "prefix": self.prepared.prefix,
+                "held": sorted(self.prepared.held),
+            },
             sort_keys=True,
         ).encode()
         model: bytes = self.prepared.model.SerializeToString()
@@ -154,12 +163,26 @@ def load(
         meta = json.loads(payload[8 : 8 + length])
         relu = frozenset(str(name) for name in meta["relu"])
         prefix = str(meta["prefix"])
+        held_names = {str(name) for name in meta["held"]}
         model = onnx.load_model_from_string(payload[8 + length :])
     except (struct.error, ValueError, KeyError, TypeError, DecodeError) as exc:
         raise GraphError(f"malformed ONNX payload: {exc}", field="payload") from exc
+    missing = sorted(held_names - set(params))
+    if missing:
+        raise GraphError(f"shared constants missing: {missing}", field="params")
     # (not ascontiguousarray: it turns a scalar into shape (1,))
-    shared = {n: a if a.flags.c_contiguous else a.copy() for n, a in params.items()}
-    return OnnxSpecializer(Prepared(model, tuple(inputs), shared, relu, prefix))
+    held = {
+        name: a if a.flags.c_contiguous else a.copy()
+        for name, a in params.items()
+        if name in held_names
+    }
+    lazy = {
+        name: TensorSpec(tuple(a.shape), str(a.dtype))
+        for name, a in params.items()
+        if name not in held_names
+    }
+    prepared = Prepared(model, tuple(inputs), held, lazy, relu, prefix)
+    return OnnxSpecializer(prepared)
 
 
 register_symbolic_format(FORMAT, load)
@@ -203,6 +226,12 @@ class _Specialization(Importer):
             self.builder.build(), dict(self.params), inputs, tuple(self.shared_read)
         )
 
+    def shared_param(self, name: str, spec: TensorSpec) -> TensorHandle:
+        """Declare shared parameter ``name``, under its own name."""
+        handle = self.builder.param(name, shape=spec.shape, dtype=spec.dtype)
+        self.shared_read.append(name)
+        return handle
+
     def _configure(self, op: str, attrs: Mapping[str, Any]) -> tuple[str, str]:
         # repr is exact for the JSON-like values rules give (ints, floats,
         # strings, lists): equal text means equal attributes.
@@ -235,7 +264,9 @@ class _Specialization(Importer):
 
     def _inputs(self) -> None:
         prepared = self.owner.prepared
-        self.used_names.update(prepared.shared)
+        self.used_names.update(prepared.held)
+        self.used_names.update(prepared.lazy)
+        self.values = _Values(self, prepared.lazy)
         self.values.update(self.owner.consts)
         for item in prepared.inputs:
             if item.shape_valued:
@@ -254,9 +285,8 @@ class _Specialization(Importer):
         if key is not None and key in self.param_handles:
             return self.param_handles[key]
         spec_shape = tuple(int(d) for d in array.shape)
-        if key is not None and self.owner.prepared.shared.get(key) is array:
-            handle = self.builder.param(key, shape=spec_shape, dtype=str(array.dtype))
-            self.shared_read.append(key)
+        if key is not None and self.owner.prepared.held.get(key) is array:
+            handle = self.shared_param(key, TensorSpec(spec_shape, str(array.dtype)))
         else:
             array = array if array.flags.c_contiguous else array.copy()
             own = self._unique(self.owner.prepared.prefix + name)
@@ -265,3 +295,32 @@ class _Specialization(Importer):
         if key is not None:
             self.param_handles[key] = handle
         return handle
+
+
+class _Values(dict[str, Value]):
+    """The specialization's value table: a weight only kernels read becomes
+    a parameter the first time a node reads it (a run-time tensor to the
+    rules: they never see its values, which the specializer does not
+    hold)."""
+
+    def __init__(self, walk: _Specialization, lazy: Mapping[str, TensorSpec]) -> None:
+        super().__init__()
+        self.walk = walk
+        self.lazy = lazy
+
+    def __missing__(self, name: str) -> Value:
+        spec = self.lazy.get(name)
+        if spec is None:
+            raise KeyError(name)
+        value = Tensor(self.walk.shared_param(name, spec), spec)
+        self[name] = value
+        return value
+
+    def __contains__(self, name: object) -> bool:
+        return super().__contains__(name) or name in self.lazy
+
+    def get(self, name: str, default: Value | None = None) -> Value | None:  # type: ignore[override]
+        try:
+            return self[name]
+        except KeyError:
+            return default

@@ -35,12 +35,14 @@ from typing import Any
 import numpy as np
 import onnx
 
+from scheduler.dag import TensorSpec
+
 from ..errors import GraphError, UnsupportedOpError
 from ..graph import SymbolicGraph, SymbolicInput
 from ._importer import Importer, node_rule
 from ._names import DEFAULT_DOMAINS, unique_name
 from ._rewrite import rewrite
-from ._rules import parse_attrs
+from ._rules import RULES, parse_attrs
 from ._specialize import OnnxSpecializer, Prepared
 from ._static import static_inputs
 from ._values import Const, tvm_dtype
@@ -241,17 +243,57 @@ def import_symbolic(
         if name in read and isinstance(value, Const):
             array = value.array
             shared[name] = array if array.flags.c_contiguous else array.copy()
+    held = _value_read(later, kinds, shared)
     del skeleton.graph.node[:]
     skeleton.graph.node.extend(later)
     taken = {*shared, *(i.name for i in plan.inputs)}
     prefix = "spec:"
     while any(name.startswith(prefix) for name in taken):
         prefix = prefix[:-1] + "_:"
-    prepared = Prepared(skeleton, plan.inputs, shared, frozenset(relu), prefix)
-    specializer = OnnxSpecializer(prepared)
-    specs = {name: (tuple(a.shape), str(a.dtype)) for name, a in shared.items()}
-    outputs = [o.name for o in skeleton.graph.output]
-    return SymbolicGraph(plan.inputs, outputs, specializer, specs), dict(shared)
+    specs = {name: TensorSpec(a.shape, str(a.dtype)) for name, a in shared.items()}
+    prepared = Prepared(
+        skeleton,
+        plan.inputs,
+        {name: shared[name] for name in held},
+        {name: spec for name, spec in specs.items() if name not in held},
+        frozenset(relu),
+        prefix,
+    )
+    graph = SymbolicGraph(
+        plan.inputs,
+        [o.name for o in skeleton.graph.output],
+        OnnxSpecializer(prepared),
+        {name: (spec.shape, spec.dtype) for name, spec in specs.items()},
+    )
+    return graph, shared
+
+
+#: Constants up to this many elements are held by the specializer whoever
+#: reads them (a rule may look at a small constant's values).
+_SMALL = 4096
+
+
+def _value_read(
+    later: Sequence[onnx.NodeProto],
+    kinds: Mapping[str, Kind],
+    shared: Mapping[str, np.ndarray[Any, Any]],
+) -> set[str]:
+    """The shared constants whose *values* specializations read: the inputs
+    of shape nodes (folded per signature), the inputs a rule reads at
+    import (its static positions), and every small one. The rest (the
+    weights that data nodes' kernels read) are only named and typed: the
+    symbolic graph does not hold them, so that an executor that loaded them
+    holds them once."""
+    held = {name for name, array in shared.items() if array.size <= _SMALL}
+    for node in later:
+        outputs = [o for o in node.output if o]
+        folded = bool(outputs) and kinds.get(outputs[0]) is not Kind.DATA
+        found = RULES.get(node.op_type)
+        static = set(found.static) if found is not None else set()
+        for position, name in enumerate(node.input):
+            if name in shared and (folded or position in static):
+                held.add(name)
+    return held
 
 
 def _bound(model: onnx.ModelProto, name: str, value: Any) -> np.ndarray[Any, Any]:

@@ -3,9 +3,11 @@ signature, outputs equal to ONNX Runtime's at many shapes."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,13 @@ from scheduler.dag import node_spec
 from scheduler.placement import Placement, evaluate
 
 from .models import model_of, small_cnn
-from .symbolic_models import TINY, bert_encoder, bert_feed, cnn_symbolic_batch
+from .symbolic_models import (
+    TINY,
+    BertConfig,
+    bert_encoder,
+    bert_feed,
+    cnn_symbolic_batch,
+)
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -195,6 +203,39 @@ def test_specializations_share_the_weights_and_name_their_own_constants() -> Non
     (a,), (b,) = first.params.values(), second.params.values()
     assert a.shape == (1, 7, TINY.hidden) and b.shape == (1, 9, TINY.hidden)
     assert graph.params["word_embeddings"] == ((TINY.vocab, TINY.hidden), "float32")
+
+
+def test_the_symbolic_graph_holds_only_the_constants_it_reads() -> None:
+    config = BertConfig(layers=1, hidden=32, heads=4, intermediate=64, vocab=200)
+    graph, params = from_onnx(bert_encoder(config))
+    assert isinstance(graph, SymbolicGraph)
+    words = weakref.ref(params["word_embeddings"])
+    positions = weakref.ref(params["position_embeddings"])
+    del params
+    gc.collect()
+    # Only kernels read the word embeddings: an executor that loaded them
+    # holds them once. The position embeddings are gathered per signature.
+    assert words() is None and positions() is not None
+    feed = bert_feed(2, 3, config)
+    spec = graph.specialize({k: v.shape for k, v in feed.items()}, {})
+    assert "word_embeddings" in spec.shared
+    # A big weight that is also an output is a parameter under its own name.
+    weight = np.arange(5000, dtype=np.float32).reshape(100, 50)
+    model = _model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            helper.make_node("Identity", ["w"], ["w_out"]),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 100])],
+        {"y": 2, "w_out": 2},
+        [numpy_helper.from_array(weight, "w")],
+    )
+    graph, params = from_onnx(model)
+    assert isinstance(graph, SymbolicGraph)
+    x = np.ones((3, 100), np.float32)
+    y, w_out = _run(graph, params, {"x": x})
+    np.testing.assert_allclose(y, x @ weight, rtol=1e-6)
+    np.testing.assert_array_equal(w_out, weight)
 
 
 def test_bytes_round_trip_through_a_worker_process(tmp_path: Path) -> None:
