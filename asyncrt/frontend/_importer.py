@@ -61,12 +61,9 @@ ONNX_OP_ATTR = "onnx_op"
 ModelSource = onnx.ModelProto | str | os.PathLike[str] | bytes
 
 
-def load_model(model: ModelSource, *, external_data: bool = True) -> onnx.ModelProto:
+def load_model(model: ModelSource) -> onnx.ModelProto:
     """A checked model from a proto, a file path or serialised bytes.
 
-    :param external_data: for a path, load the tensors stored in
-        external-data files into the message (else they stay references,
-        checked to exist; :mod:`._weights` reads them).
     :raises GraphError: if it cannot be read or fails ONNX's checker.
     """
     where = None
@@ -77,14 +74,13 @@ def load_model(model: ModelSource, *, external_data: bool = True) -> onnx.ModelP
             proto = onnx.load_model_from_string(model)
         else:
             where = os.fspath(model)
-            proto = onnx.load(where, load_external_data=external_data)
+            proto = onnx.load(where)
     except OSError as exc:
         raise GraphError(f"cannot read the ONNX model: {exc}", source=where) from exc
     except (DecodeError, onnx.checker.ValidationError) as exc:
         raise GraphError(f"not an ONNX model: {exc}", source=where) from exc
     try:
-        # The file, not the message, where external data stay in their files.
-        onnx.checker.check_model(proto if external_data or where is None else where)
+        onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:
         raise GraphError(f"invalid ONNX model: {exc}", source=where) from exc
     return proto
@@ -150,29 +146,63 @@ def from_onnx(
         shape asyncrt does not implement (naming node, operator and opset).
     """
     from ._symbolic import check_shape_dict, import_symbolic, plan_inputs
-    from ._weights import take_weights, uses_external_data
+    from ._weights import take_weights
+    from ._wire import scan
 
     given = dict(shape_dict or {})
     bound = dict(bind or {})
     where = None if isinstance(model, (onnx.ModelProto, bytes)) else os.fspath(model)
-    base_dir = os.path.dirname(where) if where is not None else None
-    proto = load_model(model, external_data=False)
-    plan = plan_inputs(proto, given, bound)
+    # A file or bytes: the structure first, the weights only if the model is
+    # symbolic (each read once); a message: the caller holds it anyway.
+    proto = load_model(model) if isinstance(model, onnx.ModelProto) else None
+    scanned = None if proto is not None else scan(model)
+    if scanned is not None:
+        plan = plan_inputs(scanned.model, given, bound, initializers=scanned.names)
+    elif proto is not None:
+        plan = plan_inputs(proto, given, bound)
     if plan is None or not plan.symbolic:
-        if where is not None and uses_external_data(proto):
-            onnx.load_external_data_for_model(proto, base_dir or "")
+        proto = proto if proto is not None else load_model(model)
         shapes = {**(plan.shape_dict if plan is not None else {}), **given}
         rewritten = rewrite(proto) if optimize else Rewritten(proto)
         importer = Importer(rewritten.model, shapes, bound)
         importer.relu_convs = rewritten.relu
         return importer.run()
-    check_shape_dict(proto, given)
-    opset = default_opset(proto)
-    skeleton, weights = take_weights(proto, base_dir)
-    del proto  # the weights are arrays now; a message we loaded is freed
+    base_dir = os.path.dirname(where) if where is not None else None
+    if scanned is not None:
+        skeleton = scanned.model
+        _check(skeleton, scanned.placeholders(), where)
+        weights = scanned.read_weights(base_dir)
+    elif proto is not None:
+        skeleton, weights = take_weights(proto, base_dir)
+    check_shape_dict(skeleton, given)
     return import_symbolic(
-        skeleton, weights, plan, bound, opset=opset, optimize=optimize
+        skeleton,
+        weights,
+        plan,
+        bound,
+        opset=default_opset(skeleton),
+        optimize=optimize,
     )
+
+
+def _check(
+    skeleton: onnx.ModelProto,
+    placeholders: Sequence[onnx.TensorProto],
+    where: str | None,
+) -> None:
+    """ONNX's checker over a model's structure, its initializers stood in
+    for by empty tensors of their names and dtypes (the weights are not
+    serialised for it).
+
+    :raises GraphError: if the checker refuses the model.
+    """
+    checked = onnx.ModelProto()
+    checked.CopyFrom(skeleton)
+    checked.graph.initializer.extend(placeholders)
+    try:
+        onnx.checker.check_model(checked)
+    except onnx.checker.ValidationError as exc:
+        raise GraphError(f"invalid ONNX model: {exc}", source=where) from exc
 
 
 class Importer:

@@ -80,6 +80,8 @@ def plan_inputs(
     model: onnx.ModelProto,
     shape_dict: Mapping[str, Sequence[int]],
     bind: Mapping[str, Any],
+    *,
+    initializers: Sequence[str] | None = None,
 ) -> InputPlan | None:
     """The inputs of ``model`` after ``shape_dict`` and ``bind``, or
     ``None`` where the static importer must judge them (an input of no
@@ -89,22 +91,28 @@ def plan_inputs(
     A symbol that ``shape_dict`` fixes in one input is fixed in every input
     that shares it.
 
+    :param initializers: the initializers' names, for a model whose
+        initializers were taken out (default: its own).
     :raises GraphError: if a name in ``shape_dict``/``bind`` is no input, or
         ``shape_dict`` gives one symbol two sizes.
     """
     graph = model.graph
-    initializers = {init.name for init in graph.initializer}
+    inits = set(
+        (init.name for init in graph.initializer)
+        if initializers is None
+        else initializers
+    )
     declared = {i.name for i in graph.input}
     for key in (*shape_dict, *bind):
-        if key not in declared or key in initializers:
+        if key not in declared or key in inits:
             raise GraphError(f"{key!r} is not an input of the model", field="inputs")
-    valued = set(static_inputs(model)) - set(bind)
+    valued = set(static_inputs(model)) - set(bind) - inits
     chosen: dict[str, int] = {}
     raw: list[tuple[str, str, list[int | str]]] = []
     used = {d.dim_param for i in graph.input for d in _dims(i) if d.dim_param}
     for value_info in graph.input:
         name = value_info.name
-        if name in initializers or name in bind:
+        if name in inits or name in bind:
             continue
         if value_info.type.WhichOneof("value") != "tensor_type":
             return None

@@ -23,7 +23,12 @@ from onnx import external_data_helper, numpy_helper
 from ..errors import GraphError
 from ._values import tvm_dtype
 
-__all__ = ("take_weights", "uses_external_data", "without_initializers")
+__all__ = (
+    "take_weights",
+    "tensor_array",
+    "uses_external_data",
+    "without_initializers",
+)
 
 
 def without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -57,18 +62,29 @@ def take_weights(
     graph = model.graph
     if len(graph.sparse_initializer):
         raise GraphError("sparse initializers are not supported")
-    weights: dict[str, np.ndarray[Any, Any]] = {}
-    for init in graph.initializer:
-        if tvm_dtype(init.data_type) is None:
-            type_name = onnx.TensorProto.DataType.Name(init.data_type)
-            raise GraphError(
-                f"initializer has unsupported dtype {type_name}", node=init.name
-            )
-        if external_data_helper.uses_external_data(init):
-            weights[init.name] = _read_external(init, base_dir)
-        else:
-            weights[init.name] = numpy_helper.to_array(init)
+    weights = {init.name: tensor_array(init, base_dir) for init in graph.initializer}
     return without_initializers(model), weights
+
+
+def tensor_array(
+    init: onnx.TensorProto, base_dir: str | os.PathLike[str] | None = None
+) -> np.ndarray[Any, Any]:
+    """One initializer as an array, read from its external-data file if it
+    is stored there.
+
+    :raises GraphError: for an unsupported dtype or unreadable data.
+    """
+    if tvm_dtype(init.data_type) is None:
+        type_name = onnx.TensorProto.DataType.Name(init.data_type)
+        raise GraphError(
+            f"initializer has unsupported dtype {type_name}", node=init.name
+        )
+    if external_data_helper.uses_external_data(init):
+        return _read_external(init, base_dir)
+    try:
+        return numpy_helper.to_array(init)
+    except ValueError as exc:
+        raise GraphError(f"malformed initializer: {exc}", node=init.name) from exc
 
 
 def _read_external(
