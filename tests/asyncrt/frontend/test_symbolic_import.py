@@ -9,6 +9,7 @@ import sys
 import textwrap
 import weakref
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,41 @@ async def test_specializations_split_over_cpu_and_sim_devices() -> None:
             outputs = await executor.run(**feed) or []
         for got, want in zip(outputs, session.run(None, feed), strict=True):
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_specializations_may_be_built_on_several_threads_at_once() -> None:
+    graph, _ = from_onnx(bert_encoder(TINY))
+    assert isinstance(graph, SymbolicGraph)
+    shapes = [
+        {k: v.shape for k, v in bert_feed(batch, seq).items()}
+        for batch, seq in [(1, 3), (2, 5), (3, 2), (2, 9), (1, 3), (4, 4)]
+    ]
+    alone = [graph.specialize(s, {}).graph.to_json() for s in shapes]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda s: graph.specialize(s, {}), shapes))
+    assert [spec.graph.to_json() for spec in together] == alone
+
+
+def test_bind_fixes_a_shape_valued_input_and_the_rest_stays_symbolic() -> None:
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+        helper.make_node("Add", ["y", "bias"], ["z"]),
+    ]
+    model = _model(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+            helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["m"]),
+        ],
+        {"z": 2},
+    )
+    graph, params = from_onnx(model, bind={"shape": [2, -1]})
+    assert isinstance(graph, SymbolicGraph)
+    assert list(graph.inputs) == ["x", "bias"] and graph.shape_valued == ()
+    x, bias = np.arange(6, dtype=np.float32), np.ones(3, np.float32)
+    (z,) = _run(graph, params, {"x": x, "bias": bias})
+    np.testing.assert_array_equal(z, x.reshape(2, 3) + 1)
 
 
 def test_a_fixed_model_still_imports_the_static_graph() -> None:
