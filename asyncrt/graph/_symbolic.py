@@ -278,8 +278,7 @@ class SymbolicGraph:
             shape-valued input, or one in ``dtypes``) the wrong dtype; the
             message names the input, the dimension and its symbol.
         """
-        key, _, _ = self._validate(shapes, values, dtypes)
-        return key
+        return self._validate(shapes, values, dtypes)[0]
 
     def dims(self, shapes: Shapes) -> dict[str, int]:
         """The size of every symbol in ``shapes``.
@@ -299,8 +298,8 @@ class SymbolicGraph:
             shape, ...), naming the node.
         :raises UnsupportedOpError: if a node cannot be lowered for them.
         """
-        _, normal, chosen = self._validate(shapes, values, None)
-        return self._specializer.specialize(normal, chosen, self._bind(normal)[2])
+        _, normal, chosen, dims = self._validate(shapes, values, None)
+        return self._specializer.specialize(normal, chosen, dims)
 
     # -- checks ----------------------------------------------------------------
 
@@ -313,8 +312,9 @@ class SymbolicGraph:
         Hashable,
         dict[str, tuple[int, ...]],
         dict[str, np.ndarray[Any, Any]],
+        dict[str, int],
     ]:
-        key, normal, _ = self._bind(shapes)
+        key, normal, dims = self._bind(shapes)
         chosen: dict[str, np.ndarray[Any, Any]] = {}
         blobs = []
         for check in self._valued:
@@ -350,7 +350,7 @@ class SymbolicGraph:
                     raise InputError(
                         f"input {name!r}: dtype {dtype}, the model expects {item.dtype}"
                     )
-        return (key, tuple(blobs)), normal, chosen
+        return (key, tuple(blobs)), normal, chosen, dims
 
     def _bind(
         self, shapes: Shapes
