@@ -200,6 +200,30 @@ def test_a_fixed_model_still_imports_the_static_graph() -> None:
     assert "fc_w" in params
 
 
+@pytest.mark.parametrize("name", ["bert", "cnn"])
+def test_a_specialization_runs_the_kernels_of_the_static_import(name: str) -> None:
+    # The same kernels (configurations included) and tensor shapes as
+    # from_onnx(model, shape_dict): a cached signature runs as a static
+    # build of its shape does.
+    if name == "bert":
+        model = bert_encoder(TINY)
+        shapes = {k: v.shape for k, v in bert_feed(2, 6).items()}
+    else:
+        model = cnn_symbolic_batch()
+        shapes = {"x": (3, 3, 16, 16)}
+    graph, _ = from_onnx(model)
+    assert isinstance(graph, SymbolicGraph)
+    spec = graph.specialize(shapes, {})
+    static, _ = from_onnx(model, shapes)
+    assert isinstance(static, Graph)
+
+    def kernels(g: Graph) -> list[tuple[str, str | None]]:
+        return [(n.func_name, n.attrs.get("onnx_op")) for n in g.nodes if not n.is_null]
+
+    assert kernels(spec.graph) == kernels(static)
+    assert spec.graph.shape == static.shape and spec.graph.dltype == static.dltype
+
+
 def test_shape_dict_fixes_a_symbol_in_every_input_that_shares_it() -> None:
     graph, _ = from_onnx(bert_encoder(TINY), {"input_ids": (2, 7)})
     assert isinstance(graph, Graph)  # attention_mask and token_type_ids follow
