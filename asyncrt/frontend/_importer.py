@@ -120,13 +120,14 @@ def from_onnx(
     values decide shapes (``Reshape``'s target, ``Range``'s bounds, ...)
     left unbound, becomes a :class:`SymbolicGraph`: one import for every
     input shape, specialized per shape signature
-    (:meth:`SymbolicGraph.specialize`).
+    (:meth:`SymbolicGraph.specialize`). ``shape_dict`` fixes dimensions on
+    purpose; a symbol it fixes in one input is fixed in every input that
+    shares it.
 
     :param model: a ``ModelProto``, a path to an ``.onnx`` file, or its bytes.
-    :param shape_dict: input shapes by name, to fix symbolic or unknown
-        dimensions on purpose (a symbol fixed in one input is fixed in every
-        input that shares it; a symbolic graph refuses a change to a
-        dimension the model fixes).
+    :param shape_dict: input shapes by name, for inputs whose declared shape
+        has symbolic or unknown dimensions (a dimension the model fixes must
+        be given as it is).
     :param bind: graph inputs fixed to values at import time; they become
         constants (folded where they decide shapes).
     :param optimize: rewrite the graph first as ONNX Runtime's basic
