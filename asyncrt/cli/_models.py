@@ -174,6 +174,12 @@ def _onnx(file: Path, given: Given) -> Model:
     proto = load_onnx(str(file))
     shape_dict, notes = _onnx_shapes(proto, given)
     graph, params = from_onnx(proto, shape_dict)
+    if not isinstance(graph, Graph):  # inputs whose values decide shapes
+        inputs = ", ".join(f"{i.name}{i.describe()}" for i in graph.inputs.values())
+        raise ArgumentError(
+            f"{file}: the model's shapes are decided by input values ({inputs}); "
+            "the command line runs fixed shapes only"
+        )
     return Model(file.name, graph, params, notes=tuple(notes))
 
 

@@ -9,6 +9,19 @@
     with factory.create(["cpu:0", "sim:0"]) as ex:
         y = await ex.run(x=data)
 
+A model with symbolic input dimensions (``dim_param``), or with inputs whose
+values decide shapes, imports without ``shape_dict`` as a
+:class:`~asyncrt.graph.SymbolicGraph`: one import for every input shape,
+specialized per shape signature::
+
+    graph, params = asyncrt.frontend.from_onnx("bert.onnx")
+    shapes = {name: a.shape for name, a in feed.items()}
+    key = graph.signature(shapes, feed)         # cheap: once per request
+    spec = graph.specialize(shapes, feed)       # once per new signature
+    ex = asyncrt.graph_executor.create(
+        spec.graph, None, "cpu", params=spec.with_shared(params)
+    )
+
 :data:`SUPPORTED_OPS` lists the ONNX operators it imports; anything else is
 an :class:`~asyncrt.errors.UnsupportedOpError` at import time.
 """
@@ -16,6 +29,7 @@ an :class:`~asyncrt.errors.UnsupportedOpError` at import time.
 from . import _rules_math as _rules_math  # registers the rules
 from . import _rules_nn as _rules_nn
 from . import _rules_tensor as _rules_tensor
+from . import _specialize as _specialize  # registers the symbolic "onnx" format
 from ._importer import MIN_OPSET as MIN_OPSET
 from ._importer import ONNX_OP_ATTR as ONNX_OP_ATTR
 from ._importer import from_onnx as from_onnx

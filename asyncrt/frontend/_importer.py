@@ -34,15 +34,24 @@ from onnx import numpy_helper
 from scheduler.dag import TensorSpec
 
 from ..errors import GraphError, UnsupportedOpError
-from ..graph import Graph, GraphBuilder, TensorHandle
+from ..graph import Graph, GraphBuilder, SymbolicGraph, TensorHandle
 from ..ops import OP_ATTRS_ATTR, OP_NAME_ATTR, encode_attrs, lookup, register_op_kernel
 from ..ops._kernels import global_namespace_func
 from ._names import DEFAULT_DOMAINS, unique_name
 from ._rewrite import Rewritten, rewrite
-from ._rules import NOP, RULES, Call, Folded, NodeContext
+from ._rules import NOP, RULES, Call, Folded, NodeContext, Rule
 from ._values import Const, Tensor, Value, spec_of, tvm_dtype
 
-__all__ = ("MIN_OPSET", "ONNX_OP_ATTR", "ModelSource", "from_onnx", "load_model")
+__all__ = (
+    "MIN_OPSET",
+    "ONNX_OP_ATTR",
+    "Importer",
+    "ModelSource",
+    "default_opset",
+    "from_onnx",
+    "load_model",
+    "node_rule",
+)
 
 #: The oldest default-domain opset the importer reads.
 MIN_OPSET = 1
@@ -102,16 +111,25 @@ def from_onnx(
     *,
     bind: Mapping[str, Any] | None = None,
     optimize: bool = True,
-) -> tuple[Graph, dict[str, np.ndarray[Any, Any]]]:
+) -> tuple[Graph | SymbolicGraph, dict[str, np.ndarray[Any, Any]]]:
     """Import an ONNX model, as TVM's ``relay.frontend.from_onnx``.
+
+    A model whose input shapes are all fixed (declared, or given by
+    ``shape_dict`` or ``bind``) becomes a static :class:`Graph`. A model
+    with symbolic or unknown input dimensions left, or with inputs whose
+    values decide shapes (``Reshape``'s target, ``Range``'s bounds, ...)
+    left unbound, becomes a :class:`SymbolicGraph`: one import for every
+    input shape, specialized per shape signature
+    (:meth:`SymbolicGraph.specialize`). ``shape_dict`` fixes dimensions on
+    purpose; a symbol it fixes in one input is fixed in every input that
+    shares it.
 
     :param model: a ``ModelProto``, a path to an ``.onnx`` file, or its bytes.
     :param shape_dict: input shapes by name, for inputs whose declared shape
         has symbolic or unknown dimensions (a dimension the model fixes must
         be given as it is).
     :param bind: graph inputs fixed to values at import time; they become
-        constants (folded where they decide shapes). See
-        :func:`static_inputs` for the inputs a model needs bound.
+        constants (folded where they decide shapes).
     :param optimize: rewrite the graph first as ONNX Runtime's basic
         optimisations do: fold BatchNormalization into the Conv before it,
         and apply a Relu after a Conv inside the convolution, where nothing
@@ -119,21 +137,79 @@ def from_onnx(
         constant weights (a transformer's Q/K/V projections) into one
         (results agree to float rounding).
     :return: the graph and its parameters by name (initializers and folded
-        constants that kernels read).
+        constants that kernels read). For a symbolic graph, the parameters
+        are the constants every specialization shares, each held once (the
+        weights are read once, from the model or its external-data files,
+        and the message is not kept).
     :raises GraphError: if the model is unreadable or invalid, an input's
         shape is unknown, a name in ``shape_dict``/``bind`` is no input, or
         ``shape_dict`` contradicts a dimension the model fixes.
     :raises UnsupportedOpError: for an operator, attribute, dtype or dynamic
         shape asyncrt does not implement (naming node, operator and opset).
     """
-    proto = load_model(model)
-    rewritten = rewrite(proto) if optimize else Rewritten(proto)
-    importer = _Importer(rewritten.model, shape_dict or {}, bind or {})
-    importer.relu_convs = rewritten.relu
-    return importer.run()
+    from ._symbolic import check_shape_dict, import_symbolic, plan_inputs
+    from ._weights import take_weights
+    from ._wire import scan
+
+    given = dict(shape_dict or {})
+    bound = dict(bind or {})
+    where = None if isinstance(model, (onnx.ModelProto, bytes)) else os.fspath(model)
+    # A file or bytes: the structure first, the weights only if the model is
+    # symbolic (each read once); a message: the caller holds it anyway.
+    proto = load_model(model) if isinstance(model, onnx.ModelProto) else None
+    scanned = None if proto is not None else scan(model)
+    if scanned is not None:
+        plan = plan_inputs(scanned.model, given, bound, initializers=scanned.names)
+    elif proto is not None:
+        plan = plan_inputs(proto, given, bound)
+    if plan is None or not plan.symbolic:
+        proto = proto if proto is not None else load_model(model)
+        shapes = {**(plan.shape_dict if plan is not None else {}), **given}
+        rewritten = rewrite(proto) if optimize else Rewritten(proto)
+        importer = Importer(rewritten.model, shapes, bound)
+        importer.relu_convs = rewritten.relu
+        return importer.run()
+    base_dir = os.path.dirname(where) if where is not None else None
+    if scanned is not None:
+        skeleton = scanned.model
+        _check(skeleton, scanned.placeholders(), where)
+        weights = scanned.read_weights(base_dir)
+    elif proto is not None:
+        skeleton, weights = take_weights(proto, base_dir)
+    check_shape_dict(skeleton, given)
+    return import_symbolic(
+        skeleton,
+        weights,
+        plan,
+        bound,
+        opset=default_opset(skeleton),
+        optimize=optimize,
+    )
 
 
-class _Importer:
+def _check(
+    skeleton: onnx.ModelProto,
+    placeholders: Sequence[onnx.TensorProto],
+    where: str | None,
+) -> None:
+    """ONNX's checker over a model's structure, its initializers stood in
+    for by empty tensors of their names and dtypes (the weights are not
+    serialised for it).
+
+    :raises GraphError: if the checker refuses the model.
+    """
+    checked = onnx.ModelProto()
+    checked.CopyFrom(skeleton)
+    checked.graph.initializer.extend(placeholders)
+    try:
+        onnx.checker.check_model(checked)
+    except onnx.checker.ValidationError as exc:
+        raise GraphError(f"invalid ONNX model: {exc}", source=where) from exc
+
+
+class Importer:
+    """Walks a model's nodes into a graph builder (see the module docstring)."""
+
     def __init__(
         self,
         model: onnx.ModelProto,
@@ -152,11 +228,13 @@ class _Importer:
         self.used_names: set[str] = set()
         #: outputs of Conv nodes that apply a fused Relu (see ``_rewrite``)
         self.relu_convs: set[str] = set()
+        #: output specs computed before ONNX's inference, where it can
+        self.fast_shapes: Callable[[NodeContext], list[TensorSpec] | None] | None = None
 
     def run(self) -> tuple[Graph, dict[str, np.ndarray[Any, Any]]]:
         self._inputs()
         for node in self.graph.node:
-            self._node(node)
+            self.node(node)
         heads = [self._output(out.name) for out in self.graph.output]
         self.builder.output(*heads)
         return self.builder.build(), dict(self.params)
@@ -256,40 +334,24 @@ class _Importer:
 
     # -- nodes -----------------------------------------------------------------
 
-    def _node(self, node: onnx.NodeProto) -> None:
+    def node(self, node: onnx.NodeProto) -> None:
+        """Lower (or fold) ``node``."""
         name = node.name or next((o for o in node.output if o), node.op_type)
-        if node.domain not in DEFAULT_DOMAINS:
-            version = next(
-                (
-                    int(o.version)
-                    for o in self.model.opset_import
-                    if o.domain == node.domain
-                ),
-                0,
-            )
-            raise UnsupportedOpError(
-                f"domain {node.domain!r} is not supported",
-                op_type=node.op_type,
-                node=name,
-                opset=version,
-            )
-        found = RULES.get(node.op_type)
-        if found is None:
-            raise UnsupportedOpError(
-                "operator is not supported",
-                op_type=node.op_type,
-                node=name,
-                opset=self.opset,
-            )
-        try:
-            schema = onnx.defs.get_schema(node.op_type, self.opset, "")
-        except onnx.defs.SchemaError as exc:
-            raise UnsupportedOpError(
-                f"no such operator in this opset ({exc})",
-                op_type=node.op_type,
-                node=name,
-                opset=self.opset,
-            ) from exc
+        found, schema = node_rule(node, name, self.opset, self.model)
+        self.lower(node, name, found, schema)
+
+    def lower(
+        self,
+        node: onnx.NodeProto,
+        name: str,
+        found: Rule,
+        schema: onnx.defs.OpSchema,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Lower (or fold) one node whose rule and schema are known.
+
+        :param attrs: its attributes, parsed already (else parsed here).
+        """
         inputs: list[Value | None] = []
         for position, input_name in enumerate(node.input):
             if not input_name:
@@ -301,12 +363,22 @@ class _Importer:
                     node=name,
                 )
             inputs.append(self.values[input_name])
-        context = NodeContext(node, name, self.opset, schema, inputs, found.static)
-        for key in context.attrs:
-            if key not in found.attrs:
-                raise context.unsupported(
-                    f"attribute {key!r} is not supported", attribute=key
-                )
+        context = NodeContext(
+            node,
+            name,
+            self.opset,
+            schema,
+            inputs,
+            found.static,
+            {} if attrs is None else dict(attrs),
+            self.fast_shapes,
+        )
+        if attrs is None:
+            for key in context.attrs:
+                if key not in found.attrs:
+                    raise context.unsupported(
+                        f"attribute {key!r} is not supported", attribute=key
+                    )
         for position in found.static:
             if context.has(position):
                 context.const(position)
@@ -353,9 +425,10 @@ class _Importer:
         arrays = [context.const(a) if isinstance(a, int) else a for a in call.args]
         specs = context.outputs
         if call.func == NOP:
+            _check_alias(context, context.spec(call_arg(call)), specs[0])
             return (arrays[0].reshape(specs[0].shape),)
         outs = [np.empty(s.shape, s.numpy_dtype()) for s in specs]
-        kernel = _host_kernel(context, call)
+        kernel = self._host_kernel(context, call)
         try:
             with np.errstate(all="ignore"):
                 kernel(*arrays, *outs)
@@ -368,12 +441,13 @@ class _Importer:
 
     def _emit(self, context: NodeContext, call: Call, named: list[str]) -> None:
         specs = context.outputs
+        if call.func == NOP:
+            _check_alias(context, context.spec(call_arg(call)), specs[0])
         handles = [self._argument(context, arg, i) for i, arg in enumerate(call.args)]
         attrs = {ONNX_OP_ATTR: context.op_type}
         if call.attrs is not None:
             try:
-                attrs[OP_ATTRS_ATTR] = encode_attrs(call.attrs)
-                func_name = register_op_kernel(call.func, call.attrs)
+                attrs[OP_ATTRS_ATTR], func_name = self._configure(call.func, call.attrs)
             except (ValueError, KeyError) as exc:
                 raise context.unsupported(
                     f"cannot configure its kernel: {exc}"
@@ -391,6 +465,19 @@ class _Importer:
         )
         for out_name, handle, spec in zip(named, results, specs, strict=True):
             self.values[out_name] = Tensor(handle, spec)
+
+    def _host_kernel(self, context: NodeContext, call: Call) -> Callable[..., Any]:
+        """The numpy kernel of ``call``, to fold it at import time."""
+        return _host_kernel(context, call)
+
+    def _configure(self, op: str, attrs: Mapping[str, Any]) -> tuple[str, str]:
+        """The canonical attributes of a library op and its kernel's name
+        (registered now).
+
+        :raises ValueError: if the op refuses the attributes.
+        :raises KeyError: if there is no such op.
+        """
+        return encode_attrs(attrs), register_op_kernel(op, attrs)
 
     def _argument(
         self, context: NodeContext, arg: int | np.ndarray[Any, Any], k: int
@@ -430,6 +517,62 @@ class _Importer:
         if isinstance(value, Tensor):
             return value.handle
         return self._param(name, value.array, key=name)
+
+
+def node_rule(
+    node: onnx.NodeProto, name: str, opset: int, model: onnx.ModelProto
+) -> tuple[Rule, onnx.defs.OpSchema]:
+    """The rule and schema of ``node``, which the importer supports.
+
+    :param name: the node's name for messages.
+    :raises UnsupportedOpError: for another domain, an operator without a
+        rule, or one that is not in ``opset``.
+    """
+    if node.domain not in DEFAULT_DOMAINS:
+        version = next(
+            (int(o.version) for o in model.opset_import if o.domain == node.domain),
+            0,
+        )
+        raise UnsupportedOpError(
+            f"domain {node.domain!r} is not supported",
+            op_type=node.op_type,
+            node=name,
+            opset=version,
+        )
+    found = RULES.get(node.op_type)
+    if found is None:
+        raise UnsupportedOpError(
+            "operator is not supported", op_type=node.op_type, node=name, opset=opset
+        )
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except onnx.defs.SchemaError as exc:
+        raise UnsupportedOpError(
+            f"no such operator in this opset ({exc})",
+            op_type=node.op_type,
+            node=name,
+            opset=opset,
+        ) from exc
+    return found, schema
+
+
+def call_arg(call: Call) -> int:
+    """The input position a ``__nop`` call aliases."""
+    arg = call.args[0]
+    return arg if isinstance(arg, int) else 0
+
+
+def _check_alias(context: NodeContext, source: TensorSpec, target: TensorSpec) -> None:
+    """Refuse a reshape that changes the number of elements: ONNX's shape
+    inference lets ``Reshape`` to ``[5, 3]`` of 12 elements through, and
+    the alias would read past its input."""
+    if source.size != target.size:
+        raise GraphError(
+            f"({context.op_type}) cannot reshape {list(source.shape)} "
+            f"({source.size} elements) to {list(target.shape)} "
+            f"({target.size} elements)",
+            node=context.name,
+        )
 
 
 def _host_kernel(context: NodeContext, call: Call) -> Callable[..., Any]:

@@ -29,6 +29,7 @@ modified; a rewritten copy is returned.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,53 +52,75 @@ class Rewritten:
     :ivar relu: the output names of the Conv nodes that apply a ReLU.
     :ivar folded: how many BatchNormalization nodes were folded.
     :ivar merged: how many MatMul nodes were merged into wider ones.
+    :ivar weights: with ``rewrite(..., weights=...)``, the initializers by
+        name: the ones given and the new ones (the model has none).
     """
 
     model: onnx.ModelProto
     relu: set[str] = field(default_factory=set)
     folded: int = 0
     merged: int = 0
+    weights: dict[str, np.ndarray[Any, Any]] | None = None
 
 
-def rewrite(model: onnx.ModelProto) -> Rewritten:
+def rewrite(
+    model: onnx.ModelProto,
+    weights: Mapping[str, np.ndarray[Any, Any]] | None = None,
+) -> Rewritten:
     """``model`` with BatchNormalization folded into, and Relu fused with,
     the Conv before it, where that is exact up to rounding (see the module
-    docstring)."""
+    docstring).
+
+    :param weights: the initializers as arrays, for a model whose
+        initializers were taken out (so that the weights are held once):
+        new initializers then go to :attr:`Rewritten.weights`, not into the
+        model.
+    """
     graph = model.graph
+    held = None if weights is None else dict(weights)
     if any(
         attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
         for node in graph.node
         for attr in node.attribute
     ):
-        return Rewritten(model)
+        return Rewritten(model, weights=held)
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     opset = max(
         (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
         default=0,
     )
-    state = _State(copy.graph)
+    state = _State(copy.graph, held)
     folded = state.fold_batch_norms()
     relu = state.fuse_relus()
     merged = state.merge_matmuls(opset)
     if not folded and not relu and not merged:
-        return Rewritten(model)
+        return Rewritten(model, weights=held)
     state.commit()
-    return Rewritten(copy, relu, folded, merged)
+    return Rewritten(copy, relu, folded, merged, held)
 
 
 class _State:
-    def __init__(self, graph: onnx.GraphProto) -> None:
+    def __init__(
+        self,
+        graph: onnx.GraphProto,
+        weights: dict[str, np.ndarray[Any, Any]] | None = None,
+    ) -> None:
         self.graph = graph
         self.nodes: list[onnx.NodeProto | None] = list(graph.node)
         self.inits = {init.name: init for init in graph.initializer}
-        self.arrays: dict[str, np.ndarray[Any, Any]] = {}
+        # With weights given, they are the initializers (and take new ones).
+        self.weights = weights
+        self.arrays: dict[str, np.ndarray[Any, Any]] = (
+            {} if weights is None else weights
+        )
         self.readers = Counter(
             name for node in graph.node for name in node.input if name
         )
         self.outputs = {out.name for out in graph.output}
         self.names = {
             *self.inits,
+            *self.arrays,
             *(i.name for i in graph.input),
             *(o for node in graph.node for o in node.output),
         }
@@ -116,6 +139,8 @@ class _State:
         }
 
     def const(self, name: str) -> np.ndarray[Any, Any] | None:
+        if name in self.arrays:
+            return self.arrays[name]
         if name not in self.inits:
             return None
         if name not in self.arrays:
@@ -229,6 +254,7 @@ class _State:
                 or not is_op(node, "MatMul")
                 or len(node.input) != 2
                 or node.input[0] in self.inits
+                or node.input[0] in self.arrays
             ):
                 continue
             weight = self.const(node.input[1])
@@ -306,6 +332,9 @@ class _State:
 
     def add_init(self, base: str, array: np.ndarray[Any, Any]) -> str:
         name = self.fresh(base)
+        if self.weights is not None:
+            self.weights[name] = array
+            return name
         init = numpy_helper.from_array(array, name)
         self.graph.initializer.append(init)
         self.inits[name] = init

@@ -31,7 +31,16 @@ from ..errors import UnsupportedOpError
 from ._infer import InferenceFailed, infer_outputs
 from ._values import Const, Value
 
-__all__ = ("RULES", "Call", "Folded", "Lowering", "NodeContext", "Rule", "rule")
+__all__ = (
+    "RULES",
+    "Call",
+    "Folded",
+    "Lowering",
+    "NodeContext",
+    "Rule",
+    "parse_attrs",
+    "rule",
+)
 
 NOP = "__nop"
 
@@ -82,10 +91,12 @@ class NodeContext:
     inputs: list[Value | None]
     static: tuple[int, ...] = ()
     attrs: dict[str, Any] = field(default_factory=dict)
+    #: computes output specs first, where it can (else ONNX's inference)
+    shapes: Callable[[NodeContext], list[TensorSpec] | None] | None = None
 
     def __post_init__(self) -> None:
-        for attribute in self.node.attribute:
-            self.attrs[attribute.name] = _attribute_value(attribute)
+        if not self.attrs:  # else given parsed already
+            self.attrs.update(parse_attrs(self.node))
 
     @property
     def op_type(self) -> str:
@@ -103,6 +114,10 @@ class NodeContext:
 
         :raises UnsupportedOpError: if they cannot be inferred statically.
         """
+        if self.shapes is not None:
+            found = self.shapes(self)
+            if found is not None:
+                return found
         try:
             return infer_outputs(
                 self.node, self.schema, self.inputs, self.opset, self.static
@@ -115,7 +130,7 @@ class NodeContext:
         is behind its operator's specification."""
         self.__dict__["outputs"] = specs
 
-    @property
+    @cached_property
     def num_outputs(self) -> int:
         """How many outputs the node names."""
         return sum(1 for name in self.node.output if name)
@@ -219,6 +234,11 @@ def rule(
         return lower
 
     return add
+
+
+def parse_attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    """A node's attributes as Python values, by name."""
+    return {a.name: _attribute_value(a) for a in node.attribute}
 
 
 def _attribute_value(attribute: onnx.AttributeProto) -> Any:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import GraphError
 from ._rules import NOP, Call, Folded, Lowering, NodeContext, rule
+from ._values import Const
 
 __all__ = ()
 
@@ -98,7 +100,18 @@ def _slice(ctx: NodeContext) -> Lowering:
 
 @rule("Gather", attrs=("axis",))
 def _gather(ctx: NodeContext) -> Lowering:
-    axis = _axis(ctx, int(ctx.attr("axis", 0)), len(ctx.spec(0).shape))
+    shape = ctx.spec(0).shape
+    axis = _axis(ctx, int(ctx.attr("axis", 0)), len(shape))
+    indices = ctx.inputs[1]
+    if isinstance(indices, Const) and indices.array.size:
+        # Known now: an index past the axis would fail every run.
+        low, high = int(indices.array.min()), int(indices.array.max())
+        if low < -shape[axis] or high >= shape[axis]:
+            raise GraphError(
+                f"(Gather) index {low if low < -shape[axis] else high} is out of "
+                f"range for axis {axis} of size {shape[axis]}",
+                node=ctx.name,
+            )
     return Call("gather", (0, 1), {"axis": axis})
 
 

@@ -10,6 +10,7 @@ shape and a dtype: asyncrt plans storage ahead of time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,7 @@ class Const:
 
     array: np.ndarray[Any, Any]
 
-    @property
+    @cached_property
     def spec(self) -> TensorSpec:
         """Its shape and dtype."""
         return spec_of(self.array)

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import asyncrt
 from asyncrt.errors import GraphError, UnsupportedOpError
 from asyncrt.frontend import SUPPORTED_OPS, from_onnx, static_inputs
+from asyncrt.graph import Graph, SymbolicGraph
 
 from .models import model_of, small_cnn
 
@@ -106,13 +107,14 @@ def test_other_domains_are_refused() -> None:
         from_onnx(model)
 
 
-def test_symbolic_dimensions_need_shape_dict() -> None:
+def test_symbolic_dimensions_import_symbolic_unless_shape_dict_fixes_them() -> None:
     node = helper.make_node("Relu", ["x"], ["y"])
     model = _model([node], [_input("x", ["batch", 4])], ["y"])
-    with pytest.raises(GraphError, match="shape_dict"):
-        from_onnx(model)
+    symbolic, _ = from_onnx(model)
+    assert isinstance(symbolic, SymbolicGraph)
+    assert symbolic.inputs["x"].shape == ("batch", 4)
     graph, _ = from_onnx(model, {"x": (3, 4)})
-    assert graph.shape[0] == (3, 4)
+    assert isinstance(graph, Graph) and graph.shape[0] == (3, 4)
     with pytest.raises(GraphError, match="not an input"):
         from_onnx(model, {"nope": (1,)})
 
@@ -129,12 +131,13 @@ def test_shape_dict_fixes_symbols_but_never_overrides_fixed_dimensions() -> None
     assert graph.shape[0] == (5, 3, 32, 32)
 
 
-def test_shape_deciding_inputs_must_be_bound() -> None:
+def test_shape_deciding_inputs_are_shape_valued_unless_bound() -> None:
     node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")
     shape_input = _input("shape", [2], TensorProto.INT64)
     model = _model([node], [_input("x", [2, 6]), shape_input], ["y"])
-    with pytest.raises(UnsupportedOpError, match="known at import time"):
-        from_onnx(model)
+    symbolic, _ = from_onnx(model)
+    assert isinstance(symbolic, SymbolicGraph)
+    assert symbolic.shape_valued == ("shape",)
     assert static_inputs(model) == ("shape",)
     graph, params = from_onnx(model, bind={"shape": [3, 4]})
     x = np.arange(12, dtype=np.float32).reshape(2, 6)
