@@ -74,8 +74,13 @@ from scheduler.dispatch import Program
 from scheduler.plan import Launch
 from scheduler.trace import RunTrace, TraceRecorder
 
-from .errors import ArgumentError, ClosedResourceError, InputError
-from .graph import Graph, load_graph
+from .errors import (
+    ArgumentError,
+    ClosedResourceError,
+    InputError,
+    UnsupportedOperationError,
+)
+from .graph import Graph, SymbolicGraph, load_graph
 from .graph_executor import DeviceSpec, GraphModule, Params, parse_devices
 from .ops._kernels import Module
 from .runtime._context import RunContext
@@ -98,7 +103,7 @@ _Step = float | None
 
 
 def create(
-    graph: Graph | str | bytes | Mapping[str, Any],
+    graph: Graph | SymbolicGraph | str | bytes | Mapping[str, Any],
     lib: Module | None = None,
     devices: DeviceSpec = "cpu",
     dump_root: str | Path | None = None,
@@ -120,12 +125,18 @@ def create(
     :param params: as :func:`asyncrt.graph_executor.create`.
     :param options: as :func:`asyncrt.graph_executor.create`.
     :param overrides: as :func:`asyncrt.graph_executor.create`.
+    :raises UnsupportedOperationError: for a graph with symbolic shapes.
     :raises ArgumentError: if ``dump_root`` exists and is not a folder,
         ``max_runs`` < 1, or an option is unknown or bad.
     :raises GraphError: if the graph is malformed.
     :raises KernelNotFoundError: if a node's kernel is missing for its device.
     :raises PlanError: if the graph cannot be planned on these devices.
     """
+    if isinstance(graph, SymbolicGraph):
+        raise UnsupportedOperationError(
+            "the debug executor traces one plan and needs static shapes: import "
+            "the model with shape_dict= to fix its symbolic dimensions"
+        )
     return GraphModuleDebug(
         graph if isinstance(graph, Graph) else load_graph(graph),
         lib,
@@ -144,6 +155,8 @@ class GraphModuleDebug(GraphModule):
 
     :ivar trace: the traced runs (the latest ``max_runs``).
     """
+
+    graph: Graph  # always static: tracing needs one plan
 
     def __init__(
         self,

@@ -66,13 +66,15 @@ from typing_extensions import Unpack
 from devices import Device, NDArray
 from scheduler.plan import Plan
 
-from .errors import ArgumentError, InputError
-from .graph import Graph, load_graph
+from .errors import ArgumentError, InputError, UnsupportedOperationError
+from .graph import Graph, SymbolicGraph, load_graph
 from .io._params import decode_params
 from .ops._kernels import Module
 from .runtime._context import ContextPool, RunContext
 from .runtime._core import AnyContext, ExecutorCore
 from .runtime._options import ExecutorOptions, OptionOverrides
+from .runtime._plan_cache import CacheStats
+from .runtime._polymorphic import PolymorphicCore
 from .tools import _benchmark
 from .tools._time_evaluator import BenchmarkResult, Progress
 
@@ -94,7 +96,7 @@ OutArray = TypeVar("OutArray", NDArray, "np.ndarray[Any, Any]")
 
 
 def create(
-    graph: Graph | str | bytes | Mapping[str, Any],
+    graph: Graph | SymbolicGraph | str | bytes | Mapping[str, Any],
     lib: Module | None = None,
     devices: DeviceSpec = "cpu",
     *,
@@ -138,8 +140,12 @@ def create(
     )
 
 
-def _graph(graph: Graph | str | bytes | Mapping[str, Any]) -> Graph:
-    return graph if isinstance(graph, Graph) else load_graph(graph)
+def _graph(
+    graph: Graph | SymbolicGraph | str | bytes | Mapping[str, Any],
+) -> Graph | SymbolicGraph:
+    if isinstance(graph, (Graph, SymbolicGraph)):
+        return graph
+    return load_graph(graph)
 
 
 def parse_devices(spec: DeviceSpec) -> tuple[Device, ...]:
@@ -204,7 +210,7 @@ class GraphModule:
 
     def __init__(
         self,
-        graph: Graph,
+        graph: Graph | SymbolicGraph,
         lib: Module | None,
         devices: Sequence[Device],
         options: ExecutorOptions,
@@ -216,17 +222,46 @@ class GraphModule:
             decode_params(params) if isinstance(params, (bytes, bytearray)) else params
         )
         self.graph = graph
-        self._core = ExecutorCore(
-            graph, check_lib(lib), devices, options, values, on_context=on_context
-        )
+        self._core: ExecutorCore | PolymorphicCore
+        if isinstance(graph, SymbolicGraph):
+            if on_context is not None:
+                raise UnsupportedOperationError(
+                    "tracing every context (the debug executor) needs static "
+                    "shapes: import the model with shape_dict= to fix its "
+                    "symbolic dimensions"
+                )
+            self._core = PolymorphicCore(
+                graph, check_lib(lib), devices, options, values
+            )
+        else:
+            self._core = ExecutorCore(
+                graph, check_lib(lib), devices, options, values, on_context=on_context
+            )
 
     # -- what was built ------------------------------------------------------------
 
     @property
     def core(self) -> ExecutorCore:
         """The executor core behind this facade (for asyncrt's own tools:
-        the debug executor, worker processes); not for applications."""
+        the debug executor, worker processes); not for applications.
+
+        :raises UnsupportedOperationError: for a graph with symbolic shapes
+            (one core per shape signature).
+        """
+        if not isinstance(self._core, ExecutorCore):
+            raise UnsupportedOperationError(
+                "a graph with symbolic shapes has one executor core per shape signature"
+            )
         return self._core
+
+    def plan_cache_stats(self) -> CacheStats | None:
+        """The plan cache's figures for a graph with symbolic shapes (hits,
+        misses, requests that joined a build in flight, builds, failures,
+        evictions, build seconds), or ``None`` for a static graph (one plan,
+        made by ``create``)."""
+        if isinstance(self._core, PolymorphicCore):
+            return self._core.stats
+        return None
 
     @property
     def options(self) -> ExecutorOptions:
@@ -236,7 +271,7 @@ class GraphModule:
     @property
     def plan(self) -> Plan:
         """The plan (placement, streams, events, storage, copies)."""
-        return self._core.compiled.plan
+        return self._core.plan
 
     @property
     def context_nbytes(self) -> int:
@@ -268,25 +303,23 @@ class GraphModule:
 
     def get_num_inputs(self) -> int:
         """How many graph inputs there are (parameters included, as in TVM)."""
-        return len(self._core.compiled.input_names)
+        return len(self._core.input_names())
 
     def get_num_outputs(self) -> int:
         """How many outputs the graph has."""
-        return len(self._core.compiled.heads)
+        return self._core.num_outputs()
 
     def get_input_index(self, name: str) -> int:
         """The index of the input called ``name``, or -1 (TVM's convention)."""
-        names = self._core.compiled.input_names
+        names = self._core.input_names()
         return names.index(name) if name in names else -1
 
-    def get_input_info(self) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
-        """Shapes and dtypes of the inputs by name (TVM's ``get_input_info``)."""
-        compiled = self._core.compiled
-        shapes, dtypes = {}, {}
-        for name, entry in compiled.input_entries.items():
-            spec = compiled.tensor(entry)
-            shapes[name], dtypes[name] = spec.shape, spec.dtype
-        return shapes, dtypes
+    def get_input_info(
+        self,
+    ) -> tuple[dict[str, tuple[int | str, ...]], dict[str, str]]:
+        """Shapes and dtypes of the inputs by name (TVM's ``get_input_info``);
+        a symbolic graph's symbolic dimensions are their symbols' names."""
+        return self._core.input_info()
 
     def set_input(
         self, key: int | str | None = None, value: Any = None, **params: Any
@@ -318,8 +351,7 @@ class GraphModule:
         return self._core.input_array(self._name(key))
 
     def _name(self, key: int | str) -> str:
-        compiled = self._core.compiled
-        return compiled.name_of(compiled.input_entry(key))
+        return self._core.input_name(key)
 
     def load_params(self, params: Params) -> None:
         """Load parameters: a blob in TVM's format, or a name -> array map.
@@ -348,7 +380,7 @@ class GraphModule:
         self._core.check_open()
         arrays = {}
         for name in decode_params(params_bytes):
-            self._core.compiled.input_entry(name)
+            self._core.input_name(name)
             if name not in other._core.parameters:
                 raise InputError(f"the other executor has no parameter {name!r} loaded")
             arrays[name] = other._core.parameters.host_array(name)
@@ -397,7 +429,7 @@ class GraphModule:
         await core.run_own()
         if targets is None:
             return None
-        return core.outputs(core.own_context(), targets)
+        return core.own_outputs(targets)
 
     def run_sync(self, **inputs: Any) -> list[NDArray] | None:
         """:meth:`run` for callers without an event loop: blocks the thread.
@@ -422,16 +454,7 @@ class GraphModule:
 
         :raises InputError: if ``index`` is out of range.
         """
-        heads = self._core.compiled.heads
-        if (
-            isinstance(index, bool)
-            or not isinstance(index, int)
-            or not (0 <= index < len(heads))
-        ):
-            raise InputError(
-                f"output index {index!r} out of range (graph has {len(heads)})"
-            )
-        array = self._core.own_context().output(heads[index])
+        array = self._core.output(index)
         return array if out is None else out.copyfrom(array)
 
     # -- benchmarking --------------------------------------------------------------

@@ -37,6 +37,7 @@ import numpy as np
 from devices import Device, NDArray, from_dlpack, numpy_dtype
 from scheduler.dag import Entry
 from scheduler.dispatch import Program
+from scheduler.plan import Plan
 
 from ..errors import (
     ArgumentError,
@@ -141,6 +142,57 @@ class ExecutorCore:
             options.kernel_threads,
             options.max_contexts,
         )
+
+    # -- what was built ------------------------------------------------------------
+
+    @property
+    def plan(self) -> Plan:
+        """The plan."""
+        return self.compiled.plan
+
+    def input_names(self) -> tuple[str, ...]:
+        """Every graph input's name, parameters included (TVM's order)."""
+        return self.compiled.input_names
+
+    def input_name(self, key: int | str) -> str:
+        """The name of an input given by name or index.
+
+        :raises InputError: for an unknown name or an index out of range.
+        """
+        return self.compiled.name_of(self.compiled.input_entry(key))
+
+    def input_info(self) -> tuple[dict[str, tuple[int | str, ...]], dict[str, str]]:
+        """Shapes and dtypes of the inputs by name."""
+        shapes: dict[str, tuple[int | str, ...]] = {}
+        dtypes: dict[str, str] = {}
+        for name, entry in self.compiled.input_entries.items():
+            spec = self.compiled.tensor(entry)
+            shapes[name], dtypes[name] = spec.shape, spec.dtype
+        return shapes, dtypes
+
+    def num_outputs(self) -> int:
+        """How many outputs the graph has."""
+        return len(self.compiled.heads)
+
+    def output(self, index: int) -> NDArray:
+        """Output ``index`` of the last stateful run (the own context's).
+
+        :raises InputError: if ``index`` is out of range.
+        """
+        heads = self.compiled.heads
+        if (
+            isinstance(index, bool)
+            or not isinstance(index, int)
+            or not (0 <= index < len(heads))
+        ):
+            raise InputError(
+                f"output index {index!r} out of range (graph has {len(heads)})"
+            )
+        return self.own_context().output(heads[index])
+
+    def own_outputs(self, targets: list[Any]) -> list[Any]:
+        """The last stateful run's outputs copied into ``targets``."""
+        return self.outputs(self.own_context(), targets)
 
     # -- inputs and parameters ---------------------------------------------------
 
@@ -522,6 +574,11 @@ class ExecutorCore:
             self.pool.release(context)
         if self._retired and not self.pool.lent:
             self.close()
+
+    @property
+    def retired(self) -> bool:
+        """Whether :meth:`retire` was called."""
+        return self._retired
 
     def retire(self) -> None:
         """Close once the runs in flight are done (a plan evicted from an

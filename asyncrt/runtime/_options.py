@@ -56,6 +56,10 @@ class ExecutorOptions:
     :ivar worker_env: environment variables set in each worker process.
     :ivar worker_blas: the OpenBLAS kernel set of the workers: ``"auto"``,
         ``"default"`` or a core type such as ``"Haswell"``.
+    :ivar max_plans: for a graph with symbolic shapes, the most shape
+        signatures whose plans are kept (least recently used evicted); 16
+        covers the handful of batch sizes and sequence buckets a service
+        sees without holding plans for every stray shape.
     :raises ArgumentError: if a value is of the wrong type or out of range.
     """
 
@@ -72,6 +76,7 @@ class ExecutorOptions:
     worker_nice: int = 0
     worker_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     worker_blas: str = "auto"
+    max_plans: int = 16
 
     def __post_init__(self) -> None:
         _count("max_contexts", self.max_contexts, minimum=1)
@@ -121,6 +126,7 @@ class ExecutorOptions:
         ):
             raise ArgumentError(f"worker_env must map names to strings, got {env!r}")
         object.__setattr__(self, "worker_env", MappingProxyType(dict(env)))
+        _count("max_plans", self.max_plans, minimum=1)
         if not isinstance(self.worker_blas, str) or not (
             self.worker_blas in ("auto", "default") or self.worker_blas.isalnum()
         ):
@@ -197,6 +203,7 @@ class OptionOverrides(TypedDict, total=False):
     worker_nice: int
     worker_env: Mapping[str, str]
     worker_blas: str
+    max_plans: int
 
 
 def _count(name: str, value: object, *, minimum: int, none_ok: bool = False) -> None:

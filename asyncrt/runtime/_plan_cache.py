@@ -44,6 +44,7 @@ from ..errors import ClosedResourceError
 __all__ = ("CacheStats", "PlanCache")
 
 T = TypeVar("T")
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -86,17 +87,18 @@ class _Build(Generic[T]):
         self.seconds = 0.0
 
 
-class PlanCache(Generic[T]):
+class PlanCache(Generic[T, P]):
     """Builds by signature; see the module docstring.
 
-    :param build: makes the entry of a signature (runs off the loop).
+    :param build: makes the entry of a signature from the request that
+        brought it first (runs off the loop).
     :param max_plans: the most entries kept (>= 1).
     :param evict: called with each entry dropped (eviction or close).
     """
 
     def __init__(
         self,
-        build: Callable[[Hashable], T],
+        build: Callable[[Hashable, P], T],
         max_plans: int,
         evict: Callable[[T], None],
     ) -> None:
@@ -134,8 +136,9 @@ class PlanCache(Generic[T]):
         """The most recently used entry, if any (not counted as a use)."""
         return next(reversed(self._ready.values()), None)
 
-    async def get(self, key: Hashable) -> T:
-        """The entry of ``key``, built off the loop on first sight.
+    async def get(self, key: Hashable, request: P) -> T:
+        """The entry of ``key``, built off the loop on first sight (from
+        ``request``).
 
         :raises ClosedResourceError: if the cache is or gets closed.
         :raises Exception: whatever the build raised.
@@ -148,7 +151,7 @@ class PlanCache(Generic[T]):
             self._misses += 1
             build = self._building[key] = _Build()
             thread = threading.Thread(
-                target=self._run, args=(key, build), name="asyncrt-plan-build"
+                target=self._run, args=(key, request, build), name="asyncrt-plan-build"
             )
             thread.daemon = True  # a build never holds the interpreter open
             thread.start()
@@ -157,7 +160,7 @@ class PlanCache(Generic[T]):
         await wait_completion(build.completion)
         return self._collect(key, build)
 
-    def get_sync(self, key: Hashable) -> T:
+    def get_sync(self, key: Hashable, request: P) -> T:
         """:meth:`get` for a caller without an event loop: builds on the
         calling thread (or waits, blocking, for a build in flight)."""
         found = self._hit(key)
@@ -167,7 +170,7 @@ class PlanCache(Generic[T]):
         if build is None:
             self._misses += 1
             build = self._building[key] = _Build()
-            self._run(key, build)
+            self._run(key, request, build)
         else:
             self._joined += 1
             build.completion.wait()
@@ -192,10 +195,10 @@ class PlanCache(Generic[T]):
             self._hits += 1
         return found
 
-    def _run(self, key: Hashable, build: _Build[T]) -> None:
+    def _run(self, key: Hashable, request: P, build: _Build[T]) -> None:
         start = time.perf_counter()
         try:
-            build.value = self._build(key)
+            build.value = self._build(key, request)
         except BaseException as exc:  # handed to every waiter
             build.error = exc
         build.seconds = time.perf_counter() - start
