@@ -12,6 +12,7 @@ from ._device import Device as Device
 from ._device import DLDeviceType as DLDeviceType
 from ._device import device as device
 from ._dtype import DTYPES as DTYPES
+from ._dtype import EXTENSION_DTYPES as EXTENSION_DTYPES
 from ._dtype import dtype_nbytes as dtype_nbytes
 from ._dtype import dtype_string as dtype_string
 from ._dtype import numpy_dtype as numpy_dtype
@@ -31,6 +32,7 @@ from ._stream import Stream as Stream
 
 __all__ = (
     "DTYPES",
+    "EXTENSION_DTYPES",
     "BatchError",
     "Buffer",
     "Call",
