@@ -66,6 +66,7 @@ ONNX ops to these names (:mod:`asyncrt.frontend`).
 
 from . import _builtin as _builtin
 from . import activation as activation
+from . import cast as cast
 from . import linalg as linalg
 from . import nn as nn
 from . import reduce as reduce

@@ -55,6 +55,18 @@ _STORED = {
     onnx.TensorProto.FLOAT16,
     onnx.TensorProto.FLOAT,
     onnx.TensorProto.DOUBLE,
+    # through ml_dtypes
+    onnx.TensorProto.BFLOAT16,
+    onnx.TensorProto.FLOAT8E4M3FN,
+    onnx.TensorProto.FLOAT8E4M3FNUZ,
+    onnx.TensorProto.FLOAT8E5M2,
+    onnx.TensorProto.FLOAT8E5M2FNUZ,
+    onnx.TensorProto.FLOAT8E8M0,
+    onnx.TensorProto.FLOAT4E2M1,
+    onnx.TensorProto.INT4,
+    onnx.TensorProto.UINT4,
+    onnx.TensorProto.INT2,
+    onnx.TensorProto.UINT2,
 }
 
 
