@@ -69,6 +69,7 @@ ONNX ops to these names (:mod:`asyncrt.frontend`).
 from . import _builtin as _builtin
 from . import activation as activation
 from . import cast as cast
+from . import conv_transpose as conv_transpose
 from . import indexing as indexing
 from . import linalg as linalg
 from . import nn as nn
