@@ -74,6 +74,7 @@ from . import indexing as indexing
 from . import linalg as linalg
 from . import nn as nn
 from . import reduce as reduce
+from . import resize as resize
 from . import tensor as tensor
 from ._library import OP_ATTRS_ATTR as OP_ATTRS_ATTR
 from ._library import OP_NAME_ATTR as OP_NAME_ATTR
