@@ -62,6 +62,7 @@ _EXTENSIONS: dict[str, int] = {
 }
 EXTENSION_DTYPES: tuple[str, ...] = tuple(_EXTENSIONS)
 _ALL = (*DTYPES, *EXTENSION_DTYPES)
+_NUMPY = frozenset(DTYPES)
 
 _TVM_RE = re.compile(r"^(int|uint|float|bool)(\d+)?(?:x(\d+))?$")
 _EXTENSION_RE = re.compile(r"^([a-z0-9_]+?)(?:x(\d+))?$")
@@ -143,7 +144,8 @@ def dtype_string(dtype: object) -> str:
     except TypeError as exc:
         raise DTypeError(f"unknown dtype {dtype!r}") from exc
     name = "bool" if np_dtype == np.bool_ else np_dtype.name
-    foreign = name in _EXTENSIONS and np_dtype.type.__module__ != "ml_dtypes"
-    if name not in _ALL or foreign:
-        raise DTypeError(f"dtype {np_dtype} is not supported; expected one of {_ALL}")
-    return name
+    if name in _NUMPY or (
+        name in _EXTENSIONS and np_dtype.type.__module__ == "ml_dtypes"
+    ):
+        return name
+    raise DTypeError(f"dtype {np_dtype} is not supported; expected one of {_ALL}")

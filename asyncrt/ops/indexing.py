@@ -8,7 +8,8 @@ kernel (``IndexError``), never reads or writes elsewhere. A scatter copies
 its data into the output first, then writes the updates there (``none``:
 assignment, where duplicate indices leave one of their updates, as ONNX
 leaves it undefined) or folds them in with the reduction's ufunc
-(``ufunc.at``: duplicates accumulate).
+(``ufunc.at``: duplicates accumulate, in index order; on numpy over the
+flat output, where ``ufunc.at`` is fast).
 
 ``nonzero``'s output shape depends on its input's values: the ONNX frontend
 runs it on inputs known at import time, where that shape is known too.
@@ -19,6 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from types import ModuleType
+
+import numpy as np
 
 from ._common import Array, choice, integer
 from ._library import Attrs, builtin, define
@@ -35,19 +38,48 @@ REDUCTIONS = {"add": "add", "mul": "multiply", "max": "maximum", "min": "minimum
 def _scatter(
     xp: ModuleType, reduction: str
 ) -> Callable[[Array, tuple[Array, ...], Array], None]:
-    """``out[keys] = updates``, or folded in with the reduction's ufunc."""
+    """``out[keys] = updates``, or folded in with the reduction's ufunc
+    (``keys`` index ``out``'s leading axes; the rest are whole slices)."""
     if reduction == "none":
 
         def assign(out: Array, keys: tuple[Array, ...], updates: Array) -> None:
             out[keys] = updates
 
         return assign
-    fold = getattr(xp, REDUCTIONS[reduction]).at
+    ufunc = getattr(xp, REDUCTIONS[reduction])
 
     def reduce(out: Array, keys: tuple[Array, ...], updates: Array) -> None:
-        fold(out, keys, updates)
+        if xp is np and out.flags.c_contiguous:
+            _fold_flat(ufunc, out, keys, updates)
+        else:
+            ufunc.at(out, keys, updates)
 
     return reduce
+
+
+def _fold_flat(
+    ufunc: np.ufunc, out: Array, keys: tuple[Array, ...], updates: Array
+) -> None:
+    """``ufunc.at(out, keys, updates)`` on the flat output, one index per
+    element: numpy's ``ufunc.at`` has a fast loop for one-dimensional
+    indices only, and folds a slice per index 5-20x slower (512 row
+    updates of 256 floats: 1.1 ms against 0.2). The updates are applied in
+    index order, as ONNX defines the reductions."""
+    lead = out.shape[: len(keys)]
+    keys = tuple(np.broadcast_arrays(*keys))
+    for axis, (key, size) in enumerate(zip(keys, lead, strict=True)):
+        if key.size and (key.min() < -size or key.max() >= size):
+            bad = key[(key < -size) | (key >= size)].flat[0]
+            raise IndexError(
+                f"index {bad} is out of bounds for axis {axis} with size {size}"
+            )
+    wrapped = tuple(np.where(k < 0, k + n, k) for k, n in zip(keys, lead, strict=True))
+    targets = np.ravel_multi_index(wrapped, lead).reshape(-1)
+    inner = math.prod(out.shape[len(keys) :])
+    if inner > 1:  # each target is a slice: its elements' flat indices
+        targets = (targets[:, None] * inner + np.arange(inner)).reshape(-1)
+    values = np.broadcast_to(updates, (*keys[0].shape, *out.shape[len(keys) :]))
+    ufunc.at(out.reshape(-1), targets, values.reshape(-1))
 
 
 @define("gather_nd")

@@ -263,10 +263,17 @@ def _resize(xp: ModuleType, attrs: Attrs) -> Kernel:
             work = np.dtype(np.float64)
         else:
             work = np.dtype(np.float32)  # float16 and the narrow formats
+        if not steps:
+            _store(xp, x, out)
+            return
         result = x
-        for axis, taps in steps:
-            result = _along(xp, result, axis, taps, work, extrapolation)
-        _store(xp, result, out)
+        for step, (axis, taps) in enumerate(steps):
+            # The last step writes the output itself where the dtypes agree.
+            last = step == len(steps) - 1 and out.dtype == work
+            target = out if last else None
+            result = _along(xp, result, axis, taps, work, extrapolation, target)
+        if result is not out:
+            _store(xp, result, out)
 
     return resize
 
@@ -289,27 +296,43 @@ def _along(
     taps: Taps,
     work: np.dtype[Any],
     extrapolation: float,
+    target: Array | None,
 ) -> Array:
-    """``x`` resized along ``axis``."""
+    """``x`` resized along ``axis``, in ``work``'s precision, into
+    ``target`` if given."""
+    take = _take(xp)
     if taps.weights is None:
-        result = xp.take(x, taps.index, axis=axis)
+        result = take(x, taps.index, axis, target)
     else:
         shape = [1] * x.ndim
         shape[axis] = -1
-        result = None
+        result = target
         for t in range(taps.weights.shape[1]):
             weight = taps.weights[:, t].astype(work).reshape(shape)
-            term = xp.take(x, taps.index[:, t], axis=axis).astype(work, copy=False)
-            if result is None:
-                result = term * weight
+            term = take(x, taps.index[:, t], axis, None)
+            if term.dtype != work:
+                term = term.astype(work)
+            if t == 0:
+                result = xp.multiply(
+                    term, weight, out=term if target is None else target
+                )
             else:
-                term *= weight
-                result += term
+                xp.multiply(term, weight, out=term)
+                xp.add(result, term, out=result)
     if taps.outside is not None and bool(taps.outside.any()):
         key: list[Any] = [slice(None)] * x.ndim
         key[axis] = taps.outside
         result[tuple(key)] = extrapolation
     return result
+
+
+def _take(xp: ModuleType) -> Callable[[Array, Array, int, Array | None], Array]:
+    """``take`` along an axis, into ``out`` if given. The indices are
+    clamped into range already: numpy's ``mode="clip"`` skips its bounds
+    checks and the buffering of ``out`` they need."""
+    if xp is np:
+        return lambda a, index, axis, out: np.take(a, index, axis, out, mode="clip")
+    return lambda a, index, axis, out: xp.take(a, index, axis, out)
 
 
 def _store(xp: ModuleType, result: Array, out: Array) -> None:

@@ -67,7 +67,8 @@ def test_scatter_nd_folds_duplicates(reduction: str) -> None:
         "indices": np.array(indices, np.int64),
         "updates": rng.standard_normal((4, 4)).astype(np.float32),
     }
-    _compare(node_model("ScatterND", inputs, reduction=reduction), inputs)
+    model = node_model("ScatterND", inputs, reduction=reduction)
+    _compare(model, inputs)
 
 
 def test_scatter_nd_of_whole_slices() -> None:
@@ -140,3 +141,19 @@ def test_nonzero_of_run_time_data_is_refused_by_name() -> None:
     model = node_model("NonZero", {"x": np.ones(3, np.float32)})
     with pytest.raises(UnsupportedOpError, match=r"'y0' \(NonZero.*must be known"):
         from_onnx(model)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "max"])
+def test_a_scatter_index_out_of_range_is_refused(reduction: str) -> None:
+    inputs = {
+        "data": np.zeros((3, 2), np.float32),
+        "indices": np.array([[1], [-4]], np.int64),
+        "updates": np.ones((2, 2), np.float32),
+    }
+    graph, params = from_onnx(node_model("ScatterND", inputs, reduction=reduction))
+    with graph_executor.create(graph, None, "cpu", params=params) as executor:
+        with pytest.raises(NodeFailedError, match="scatter_nd") as failed:
+            executor.run_sync(**inputs)
+        assert "index -4 is out of bounds for axis 0 with size 3" in str(
+            failed.value.__cause__
+        )
