@@ -128,7 +128,11 @@ def _scatter_elements(xp: ModuleType, attrs: Attrs) -> Kernel:
         xp.copyto(out, data)
         # Every update's coordinates: its own, with ``axis`` taken from
         # ``indices`` (open grids broadcast, no full index arrays).
-        keys = list(xp.indices(indices.shape, sparse=True))
+        rank = indices.ndim
+        keys = [
+            xp.arange(n).reshape((1,) * i + (n,) + (1,) * (rank - i - 1))
+            for i, n in enumerate(indices.shape)
+        ]
         keys[axis] = indices
         scatter(out, tuple(keys), updates)
 
