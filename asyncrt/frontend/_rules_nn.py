@@ -169,6 +169,11 @@ def _conv_transpose(ctx: NodeContext) -> Lowering:
     spatial = ctx.spec(0).shape[2:]
     rank = len(spatial)
     kernel = list(ctx.attr("kernel_shape", ctx.spec(1).shape[2:]))
+    if tuple(kernel) != ctx.spec(1).shape[2:]:
+        raise ctx.unsupported(
+            f"kernel_shape {kernel} differs from the weights' {ctx.spec(1).shape[2:]}",
+            attribute="kernel_shape",
+        )
     strides = list(ctx.attr("strides", [1] * rank))
     dilations = list(ctx.attr("dilations", [1] * rank))
     padding = list(ctx.attr("output_padding", [0] * rank))

@@ -7,7 +7,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx import helper
 
+from asyncrt.errors import UnsupportedOpError
+from asyncrt.frontend import from_onnx
 from asyncrt.ops import lookup
 from asyncrt.ops.conv_transpose import _col2im
 
@@ -128,3 +131,12 @@ def test_strided_inputs_and_half_precision() -> None:
     _kernel()(x.astype(np.float16), w.astype(np.float16), half)
     want = _reference(x.astype(np.float16), w.astype(np.float16))
     np.testing.assert_allclose(half, want.astype(np.float16), rtol=2e-3, atol=2e-3)
+
+
+def test_a_kernel_shape_other_than_the_weights_is_refused() -> None:
+    inputs = {"x": np.zeros((1, 2, 3, 3), np.float32)}
+    inputs["w"] = np.zeros((2, 2, 3, 3), np.float32)
+    model = node_model("ConvTranspose", inputs, constants=("w",))
+    model.graph.node[0].attribute.append(helper.make_attribute("kernel_shape", [2, 2]))
+    with pytest.raises(UnsupportedOpError, match=r"kernel_shape \[2, 2\] differs"):
+        from_onnx(model)
