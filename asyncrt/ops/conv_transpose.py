@@ -17,6 +17,11 @@ strided copy per offset, without the zero fill and the adds. (One copy of
 the whole column matrix transposed into the output measured 4-5x slower:
 its innermost axis strides across planes.)
 
+Where the column matrix is at least as large as the input (``C / group <=
+M / group``) and outgrows the bound scratch, or the strides are all 1, and
+there is no dilation, the kernel runs as stride-1 convolutions instead, one
+per output phase (:mod:`asyncrt.ops._subpixel`), whose GEMMs do the sums.
+
 Half precision and the narrow formats accumulate in float32. The column
 matrix is scratch (bound kernels keep it when it fits
 ``BOUND_SCRATCH_BYTES``); everything that depends only on the shapes is
@@ -37,7 +42,7 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
-from . import _common
+from . import _common, _subpixel
 from ._common import Array, flag, integer, ints
 from ._kernels import Bindable
 from ._library import Attrs, define
@@ -136,6 +141,19 @@ def _conv_transpose(xp: ModuleType, attrs: Attrs) -> Kernel:
         bias = rest[0].reshape(1, -1, *(1,) * rank) if has_bias else None
         plan, shape, weights, inputs = setup(x, w, out)
         kept = math.prod(shape) * out.itemsize <= _common.BOUND_SCRATCH_BYTES
+        cg, mg = x.shape[1] // group, w.shape[1]
+        single = all(s == 1 for s in strides)
+        if (
+            not plan.tiles
+            and (single or not kept)
+            and _subpixel.worth_it(strides, dilations, cg, mg)
+        ):
+            phases = _subpixel.phases(
+                tuple(x.shape[2:]), tuple(out.shape[2:]), kernel, strides, begin
+            )
+            vector = rest[0] if has_bias else None
+            run = _subpixel.run_phases
+            return functools.partial(run, xp, phases, x, w, vector, out, group)
         scratch = xp.empty(shape, dtype=out.dtype) if kept else None
         grid = (shape[0], group, weights.shape[1], inputs.shape[-1])
         matmul, add, copyto = xp.matmul, xp.add, xp.copyto

@@ -11,7 +11,7 @@ from onnx import helper
 
 from asyncrt.errors import UnsupportedOpError
 from asyncrt.frontend import from_onnx
-from asyncrt.ops import lookup
+from asyncrt.ops import _common, _subpixel, lookup
 from asyncrt.ops.conv_transpose import _col2im
 
 from .single_node import node_model, run_asyncrt, run_ort
@@ -53,6 +53,15 @@ CASES: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = [
 ]
 
 
+@pytest.fixture(params=["col2im", "phases"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Small cases take col2im; with no bound scratch, every case without
+    dilation whose column matrix is at least its input takes the phases."""
+    if request.param == "phases":
+        monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", 0)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize(("x_shape", "w_shape", "attrs"), CASES)
 def test_matches_onnx_runtime(
@@ -60,6 +69,7 @@ def test_matches_onnx_runtime(
     w_shape: tuple[int, ...],
     attrs: dict[str, Any],
     bias: bool,
+    path: str,
 ) -> None:
     rng = np.random.default_rng(0)
     inputs = {
@@ -74,6 +84,20 @@ def test_matches_onnx_runtime(
     (want,) = run_ort(model, inputs)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_phases_are_taken_where_they_pay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", 0)
+    x = np.ones((1, 2, 4, 4), np.float32)
+    out = np.empty((1, 4, 7, 7), np.float32)
+    kernel = _kernel(strides=(2, 2))
+    before = _subpixel.phases.cache_info().misses
+    kernel.bind(x, np.ones((2, 4, 3, 3), np.float32), out)  # C 2 <= M 4
+    assert _subpixel.phases.cache_info().misses == before + 1
+    assert _subpixel.worth_it((2, 2), (1, 1), 2, 4)
+    assert not _subpixel.worth_it((2, 2), (1, 1), 8, 4)  # col2im: smaller
+    assert not _subpixel.worth_it((2, 2), (2, 1), 2, 4)  # dilated
+    assert _subpixel.worth_it((1, 1), (1, 1), 8, 4)  # one phase: a conv
 
 
 def test_an_exact_tiling_is_one_copy() -> None:
