@@ -20,6 +20,7 @@ from ._device import Device as Device
 from ._device import DLDeviceType as DLDeviceType
 from ._device import device as device
 from ._dtype import DTYPES as DTYPES
+from ._dtype import EXTENSION_DTYPES as EXTENSION_DTYPES
 from ._dtype import dtype_nbytes as dtype_nbytes
 from ._dtype import dtype_string as dtype_string
 from ._dtype import numpy_dtype as numpy_dtype
@@ -47,6 +48,7 @@ from ._timing import transfer_seconds as transfer_seconds
 
 __all__ = (
     "DTYPES",
+    "EXTENSION_DTYPES",
     "BatchError",
     "Buffer",
     "Call",

@@ -17,7 +17,8 @@ import numpy as np
 
 from ._api import MAX_ALLOCATION, Buffer, DeviceAPI
 from ._device import Device, DLDeviceType
-from ._dtype import dtype_string, numpy_dtype
+from ._dlpack import export_narrow, import_narrow
+from ._dtype import dtype_string, is_extension, numpy_dtype
 from ._registry import get_api
 from ._stream import Stream
 from .errors import (
@@ -207,6 +208,8 @@ class NDArray:
 
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
         self.__dlpack_device__()
+        if is_extension(self.dtype):  # numpy exports none of them
+            return export_narrow(self.backend_array(), *args, **kwargs)
         return self.backend_array().__dlpack__(*args, **kwargs)
 
     def _check_same_layout(self, other: NDArray) -> None:
@@ -248,9 +251,11 @@ def array(data: Any, device: Device | str = "cpu") -> NDArray:
 
 def from_dlpack(tensor: Any) -> NDArray:
     """Wrap a DLPack tensor (numpy, cupy, torch, ...) without copying where
-    its memory allows (C-contiguous); otherwise copy.
+    its memory allows (C-contiguous); otherwise copy. Host tensors of
+    DLPack's bfloat16 and float8 codes arrive as their ``ml_dtypes`` dtypes.
 
-    :raises UnsupportedOperationError: for devices asyncrt has no backend for.
+    :raises UnsupportedOperationError: for devices asyncrt has no backend
+        for, and dtypes it does not store.
     """
     if isinstance(tensor, NDArray):
         return tensor
@@ -261,7 +266,11 @@ def from_dlpack(tensor: Any) -> NDArray:
             f"{type(tensor).__name__} is not a DLPack tensor"
         ) from exc
     if device_type == DLDeviceType.CPU:
-        host = np.from_dlpack(tensor)
+        try:
+            host = np.from_dlpack(tensor)
+        except (BufferError, RuntimeError) as exc:
+            # bfloat16, float8: DLPack codes numpy lacks
+            host = import_narrow(tensor, exc)
         return _wrap_host(host)
     if device_type == DLDeviceType.CUDA:
         api = get_api("cuda")

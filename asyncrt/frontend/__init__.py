@@ -26,8 +26,10 @@ specialized per shape signature::
 an :class:`~asyncrt.errors.UnsupportedOpError` at import time.
 """
 
-from . import _rules_math as _rules_math  # registers the rules
+from . import _rules_index as _rules_index  # registers the rules
+from . import _rules_math as _rules_math
 from . import _rules_nn as _rules_nn
+from . import _rules_resize as _rules_resize
 from . import _rules_tensor as _rules_tensor
 from . import _specialize as _specialize  # registers the symbolic "onnx" format
 from ._importer import MIN_OPSET as MIN_OPSET

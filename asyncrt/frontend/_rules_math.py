@@ -103,11 +103,24 @@ def _mod(ctx: NodeContext) -> Lowering:
     return Call("fmod" if ctx.attr("fmod", 0) else "mod", (0, 1))
 
 
+#: The float8 formats ``saturate`` applies to (ONNX's Cast, opset 19+).
+_SATURATING = frozenset(
+    {"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"}
+)
+
+
 @rule("Cast", "CastLike", attrs=("to", "saturate", "round_mode"))
 def _cast(ctx: NodeContext) -> Lowering:
-    ctx.refuse("round_mode", ("up",))
-    if ctx.spec(0).dtype == ctx.outputs[0].dtype:
+    ctx.refuse("round_mode", ("up", "down", "nearest"))
+    target = ctx.outputs[0].dtype
+    if ctx.spec(0).dtype == target:
         return Call(NOP, (0,))
+    saturate = bool(ctx.attr("saturate", 1))
+    if target == "float8_e8m0fnu":
+        attrs = {"round_mode": ctx.attr("round_mode", "up"), "saturate": saturate}
+        return Call("cast_e8m0", (0,), attrs)
+    if target in _SATURATING and saturate:
+        return Call("saturate_cast", (0,))
     return Call("cast", (0,))
 
 

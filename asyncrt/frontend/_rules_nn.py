@@ -159,3 +159,52 @@ def _gemm(ctx: NodeContext) -> Lowering:
 def _einsum(ctx: NodeContext) -> Lowering:
     equation = str(ctx.attr("equation")).replace(" ", "")
     return Call("einsum", tuple(range(len(ctx.inputs))), {"equation": equation})
+
+
+@rule(
+    "ConvTranspose", attrs=(*_WINDOW_ATTRS, "group", "output_padding", "output_shape")
+)
+def _conv_transpose(ctx: NodeContext) -> Lowering:
+    ctx.refuse("auto_pad", ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"))
+    spatial = ctx.spec(0).shape[2:]
+    rank = len(spatial)
+    kernel = list(ctx.attr("kernel_shape", ctx.spec(1).shape[2:]))
+    if tuple(kernel) != ctx.spec(1).shape[2:]:
+        raise ctx.unsupported(
+            f"kernel_shape {kernel} differs from the weights' {ctx.spec(1).shape[2:]}",
+            attribute="kernel_shape",
+        )
+    strides = list(ctx.attr("strides", [1] * rank))
+    dilations = list(ctx.attr("dilations", [1] * rank))
+    padding = list(ctx.attr("output_padding", [0] * rank))
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    out = ctx.outputs[0].shape[2:]
+    if not len(kernel) == len(strides) == len(dilations) == len(padding) == rank:
+        raise ctx.unsupported(
+            "kernel_shape, strides, dilations and output_padding "
+            f"need one value per spatial axis ({rank})"
+        )
+    if ctx.attr("output_shape") is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        # The pads that make the output this size, the larger half after
+        # with SAME_UPPER and before otherwise (ONNX's ConvTranspose).
+        total = [
+            s * (i - 1) + p + (k - 1) * d + 1 - o
+            for s, i, p, k, d, o in zip(
+                strides, spatial, padding, kernel, dilations, out, strict=True
+            )
+        ]
+        upper = auto_pad == "SAME_UPPER"
+        begin = [t // 2 if upper else t - t // 2 for t in total]
+    elif auto_pad == "VALID" or ctx.attr("pads") is None:
+        begin = [0] * rank
+    else:
+        begin = list(ctx.attr("pads"))[:rank]
+    attrs = {
+        "kernel_shape": kernel,
+        "strides": strides,
+        "dilations": dilations,
+        "pads_begin": begin,
+        "group": int(ctx.attr("group", 1)),
+        "bias": ctx.has(2),
+    }
+    return Call("conv_transpose", (0, 1, 2) if ctx.has(2) else (0, 1), attrs)

@@ -36,6 +36,18 @@ _DTYPES: dict[int, str] = {
     onnx.TensorProto.FLOAT16: "float16",
     onnx.TensorProto.FLOAT: "float32",
     onnx.TensorProto.DOUBLE: "float64",
+    # through ml_dtypes (devices._dtype.EXTENSION_DTYPES)
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.FLOAT8E4M3FN: "float8_e4m3fn",
+    onnx.TensorProto.FLOAT8E4M3FNUZ: "float8_e4m3fnuz",
+    onnx.TensorProto.FLOAT8E5M2: "float8_e5m2",
+    onnx.TensorProto.FLOAT8E5M2FNUZ: "float8_e5m2fnuz",
+    onnx.TensorProto.FLOAT8E8M0: "float8_e8m0fnu",
+    onnx.TensorProto.FLOAT4E2M1: "float4_e2m1fn",
+    onnx.TensorProto.INT4: "int4",
+    onnx.TensorProto.UINT4: "uint4",
+    onnx.TensorProto.INT2: "int2",
+    onnx.TensorProto.UINT2: "uint2",
 }
 _ELEM_TYPES = {name: code for code, name in _DTYPES.items()}
 

@@ -21,6 +21,19 @@ The i-th name belongs to the i-th array. Bool is TVM's ``DataType::Bool()``,
 ``uint1`` (code 1, bits 1), one byte per element; newer DLPack's ``kDLBool``
 (code 6, bits 8) is accepted on decode too.
 
+The narrow dtypes (``ml_dtypes``'s) take the codes TVM gives them, which
+are DLPack's (``dlpack.h`` v1.1 ``DLDataTypeCode``): ``bfloat16`` is
+``kDLBfloat`` (4, 16); the float8 formats ``kDLFloat8_e4m3fn`` (10),
+``kDLFloat8_e4m3fnuz`` (11), ``kDLFloat8_e5m2`` (12), ``kDLFloat8_e5m2fnuz``
+(13) and ``kDLFloat8_e8m0fnu`` (14), 8 bits; ``float4_e2m1fn`` is
+``kDLFloat4_e2m1fn`` (17, 4 bits); ``int4``/``int2`` are ``kDLInt`` and
+``uint4``/``uint2`` ``kDLUInt`` with 4 or 2 bits. Sub-byte elements are
+*not* packed: each takes ``(bits + 7) // 8`` = 1 byte, its value in the low
+bits, as TVM's ``SaveDLTensor`` sizes data (and its loader checks); the
+high bits are ignored on decode. (TVM releases before its DLPack 1.1 codes
+numbered float8 6 and 7; 6 is ``kDLBool`` here, so those blobs are not
+read as float8.)
+
 Decoding trusts nothing: every declared size is checked against the bytes
 that remain *before* anything is allocated, so a corrupt or hostile blob
 fails fast with a :class:`~asyncrt.errors.ParamsError` naming the offset.
@@ -69,6 +82,17 @@ _DLTYPE: dict[str, tuple[int, int, int]] = {
     "float16": (2, 16, 1),
     "float32": (2, 32, 1),
     "float64": (2, 64, 1),
+    "bfloat16": (4, 16, 1),
+    "float8_e4m3fn": (10, 8, 1),
+    "float8_e4m3fnuz": (11, 8, 1),
+    "float8_e5m2": (12, 8, 1),
+    "float8_e5m2fnuz": (13, 8, 1),
+    "float8_e8m0fnu": (14, 8, 1),
+    "float4_e2m1fn": (17, 4, 1),
+    "int4": (0, 4, 1),
+    "uint4": (1, 4, 1),
+    "int2": (0, 2, 1),
+    "uint2": (1, 2, 1),
 }
 _DTYPE_OF: dict[tuple[int, int, int], str] = {v: k for k, v in _DLTYPE.items()}
 _DTYPE_OF[(_KDLBOOL, 8, 1)] = "bool"
@@ -296,6 +320,10 @@ def _decode_array(reader: _Reader, name: str) -> np.ndarray:
         # Any nonzero byte is true; never let numpy see a bool byte of 2.
         flags: np.ndarray = np.frombuffer(data, dtype=np.uint8) != 0
         return flags.reshape(shape)
+    if bits < 8:
+        # One sub-byte value per byte, in its low bits (ml_dtypes's layout).
+        low = np.frombuffer(data, dtype=np.uint8) & ((1 << bits) - 1)
+        return low.view(np_dtype).reshape(shape)
     out = np.empty(shape, dtype=np_dtype)
     out.reshape(-1)[...] = np.frombuffer(data, dtype=np_dtype.newbyteorder("<"))
     return out

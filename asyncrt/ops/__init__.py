@@ -16,9 +16,11 @@ Layout:
   ``lrn``), ``reduce`` (``reduce``, ``arg_reduce``, ``softmax``,
   ``hardmax``, ``cumsum``, ``topk``), ``tensor`` (``transpose``,
   ``concat``, ``split``, ``slice``, ``gather``, ``pad``, ``einsum``, ...),
-  ``activation`` (``leaky_relu``, ``elu``, ``gelu``, ``clip``, ...) and
-  ``linalg`` (``gemm``); their shared helpers in ``_common``, ``_im2col``,
-  ``_banded`` and ``_windows``.
+  ``activation`` (``leaky_relu``, ``elu``, ``gelu``, ``clip``, ...),
+  ``linalg`` (``gemm``), ``indexing`` (``gather_nd``, ``scatter_nd``,
+  ``scatter_elements``, ``nonzero``), ``resize``, ``conv_transpose`` and
+  ``cast`` (the narrow formats' ``saturate_cast`` and ``cast_e8m0``); their
+  shared helpers in ``_common``, ``_im2col``, ``_banded`` and ``_windows``.
 * :mod:`~asyncrt.ops._fusion`: fused elementwise kernels, built from the
   ops' fusion templates; :mod:`~asyncrt.ops._work`: each node's work.
 
@@ -66,9 +68,13 @@ ONNX ops to these names (:mod:`asyncrt.frontend`).
 
 from . import _builtin as _builtin
 from . import activation as activation
+from . import cast as cast
+from . import conv_transpose as conv_transpose
+from . import indexing as indexing
 from . import linalg as linalg
 from . import nn as nn
 from . import reduce as reduce
+from . import resize as resize
 from . import tensor as tensor
 from ._library import OP_ATTRS_ATTR as OP_ATTRS_ATTR
 from ._library import OP_NAME_ATTR as OP_NAME_ATTR

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from devices._dtype import is_extension
+
 from ._library import Attrs
 
 __all__ = (
@@ -16,6 +18,7 @@ __all__ = (
     "Array",
     "add_bias_relu",
     "all_finite",
+    "calculable",
     "choice",
     "flag",
     "integer",
@@ -53,6 +56,15 @@ def all_finite(a: np.ndarray[Any, Any]) -> bool:
     overflow.)
     """
     return bool(np.isfinite(a).all())
+
+
+def calculable(a: Array) -> Array:
+    """``a``, or for the narrow formats of ``ml_dtypes`` (bfloat16, float8,
+    ...), which numpy stores but cannot contract or reduce, ``a`` in
+    float32: compute in it and round the result once into the output."""
+    if is_extension(a.dtype.name):
+        return a.astype(np.float32)
+    return a
 
 
 def add_bias_relu(

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable
 from types import ModuleType
 
-from ._common import Array, choice, flag, integer, ints, number, quiet
+from ._common import Array, calculable, choice, flag, integer, ints, number, quiet
 from ._kernels import Bindable
 from ._library import Attrs, define
 
@@ -216,7 +216,8 @@ def _einsum(xp: ModuleType, attrs: Attrs) -> Kernel:
     def einsum(*args: Array) -> None:
         *inputs, out = args
         with quiet(xp):
-            _copy_into(xp, out, xp.einsum(equation, *inputs))
+            operands = [calculable(a) for a in inputs]
+            _copy_into(xp, out, xp.einsum(equation, *operands))
 
     return einsum
 

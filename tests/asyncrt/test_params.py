@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 from asyncrt.errors import DTypeError, ParamsError
 from asyncrt.io._params import decode_params, encode_params
-from devices._dtype import DTYPES
+from devices._dtype import DTYPES, EXTENSION_DTYPES, numpy_dtype
 
 LIST_MAGIC = 0xF7E58D4F05049CB7
 ARRAY_MAGIC = 0xDD5E40F096B4A13F
@@ -172,6 +172,49 @@ def test_encode_rejects_bad_names_and_dtypes() -> None:
         encode_params({"c": np.zeros(2, dtype=np.complex64)})
 
 
+@pytest.mark.parametrize("dtype", EXTENSION_DTYPES)
+@pytest.mark.parametrize("shape", [(), (0,), (2, 3)])
+def test_round_trip_narrow_dtypes(dtype: str, shape: tuple[int, ...]) -> None:
+    values = np.arange(np.prod(shape, dtype=int), dtype=np.float32) % 3 - 1
+    if dtype.startswith("uint") or dtype == "float8_e8m0fnu":
+        values = np.abs(values) + 1
+    array = values.reshape(shape).astype(numpy_dtype(dtype))
+    got = decode_params(encode_params({"x": array}))["x"]
+    assert got.dtype == array.dtype
+    assert got.shape == array.shape
+    assert got.tobytes() == array.tobytes()
+
+
+def test_narrow_dtypes_take_dlpack_codes_one_byte_per_element() -> None:
+    codes = {}
+    for dtype in EXTENSION_DTYPES:
+        blob = encode_params({"x": np.zeros(3, dtype=numpy_dtype(dtype))})
+        codes[dtype] = struct.unpack_from("<BBH", blob, 69)
+        (nbytes,) = struct.unpack_from("<q", blob, 73 + 8)
+        assert nbytes == 3 * numpy_dtype(dtype).itemsize, dtype
+    assert codes == {
+        "bfloat16": (4, 16, 1),
+        "float8_e4m3fn": (10, 8, 1),
+        "float8_e4m3fnuz": (11, 8, 1),
+        "float8_e5m2": (12, 8, 1),
+        "float8_e5m2fnuz": (13, 8, 1),
+        "float8_e8m0fnu": (14, 8, 1),
+        "float4_e2m1fn": (17, 4, 1),
+        "int4": (0, 4, 1),
+        "uint4": (1, 4, 1),
+        "int2": (0, 2, 1),
+        "uint2": (1, 2, 1),
+    }
+
+
+def test_sub_byte_decode_ignores_the_high_bits() -> None:
+    blob = blob_of([b"q"], [array_record(0, 4, (3,), b"\xf7\x0f\x88")])
+    got = decode_params(blob)["q"]
+    assert str(got.dtype) == "int4"
+    assert got.astype(np.int8).tolist() == [7, -1, -8]
+    assert got.view(np.uint8).tolist() == [0x07, 0x0F, 0x08]
+
+
 def test_empty_dict() -> None:
     blob = encode_params({})
     assert blob == u64(LIST_MAGIC) + u64(0) + u64(0) + u64(0)
@@ -195,7 +238,7 @@ def patched(blob: bytes, offset: int, new: bytes) -> bytes:
         (patched(ONE, 65, struct.pack("<i", -1)), 65, "ndim -1, expected 0..32"),
         (patched(ONE, 65, struct.pack("<i", 33)), 65, "ndim 33, expected 0..32"),
         (patched(ONE, 65, struct.pack("<i", 2**31 - 1)), 65, "ndim 2147483647"),
-        (patched(ONE, 69, struct.pack("<BBH", 4, 16, 1)), 69, "unknown dtype"),
+        (patched(ONE, 69, struct.pack("<BBH", 5, 64, 1)), 69, "unknown dtype"),
         (patched(ONE, 69, struct.pack("<BBH", 2, 32, 4)), 69, "lanes=4"),
         (patched(ONE, 73, i64(-2)), 73, "negative dim"),
         (patched(ONE, 73, i64(2**62)), 73, "overflows int64"),

@@ -27,6 +27,7 @@ __all__ = (
     "EXPECTED_FAILURES",
     "applicable_cases",
     "expected_failure",
+    "host_only",
     "node_cases",
     "primary_op",
     "run_case",
@@ -56,6 +57,21 @@ _STORED = {
     onnx.TensorProto.FLOAT,
     onnx.TensorProto.DOUBLE,
 }
+#: Stored through ml_dtypes, by host (numpy) arrays only.
+_NARROW = {
+    onnx.TensorProto.BFLOAT16,
+    onnx.TensorProto.FLOAT8E4M3FN,
+    onnx.TensorProto.FLOAT8E4M3FNUZ,
+    onnx.TensorProto.FLOAT8E5M2,
+    onnx.TensorProto.FLOAT8E5M2FNUZ,
+    onnx.TensorProto.FLOAT8E8M0,
+    onnx.TensorProto.FLOAT4E2M1,
+    onnx.TensorProto.INT4,
+    onnx.TensorProto.UINT4,
+    onnx.TensorProto.INT2,
+    onnx.TensorProto.UINT2,
+}
+_STORED |= _NARROW
 
 
 @functools.cache
@@ -119,6 +135,21 @@ def expected_failure(case: TestCase) -> str | None:
     for prefix, reason in EXPECTED_FAILURES.items():
         if case.name.startswith(prefix):
             return reason
+    unstored = sorted(_case_dtypes(case) - _stored_names())
+    if unstored:
+        return f"dtype {', '.join(unstored)} is not stored by asyncrt"
+    return None
+
+
+def host_only(case: TestCase) -> bool:
+    """Whether ``case`` uses a dtype only host (numpy) arrays store: the
+    narrow formats of ``ml_dtypes``, which cupy has no dtypes for."""
+    return bool(_case_dtypes(case) & _narrow_names())
+
+
+def _case_dtypes(case: TestCase) -> set[str]:
+    """The ONNX element types of a case's inputs, outputs, initializers and
+    Cast targets."""
     assert case.model is not None
     graph = case.model.graph
     infos = [*graph.input, *graph.output]
@@ -130,17 +161,17 @@ def expected_failure(case: TestCase) -> str | None:
         for attribute in node.attribute:
             if attribute.name == "to" and node.op_type == "Cast":
                 types.append(attribute.i)
-    unstored = sorted(
-        {onnx.TensorProto.DataType.Name(t) for t in types} - _stored_names()
-    )
-    if unstored:
-        return f"dtype {', '.join(unstored)} is not stored by asyncrt"
-    return None
+    return {onnx.TensorProto.DataType.Name(t) for t in types}
 
 
 @functools.cache
 def _stored_names() -> frozenset[str]:
     return frozenset(onnx.TensorProto.DataType.Name(t) for t in _STORED)
+
+
+@functools.cache
+def _narrow_names() -> frozenset[str]:
+    return frozenset(onnx.TensorProto.DataType.Name(t) for t in _NARROW)
 
 
 def run_case(case: TestCase, device: str = "cpu") -> None:
