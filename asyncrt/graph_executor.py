@@ -389,7 +389,7 @@ class GraphModule:
     # -- running -----------------------------------------------------------------
 
     @overload
-    async def run(self, *, out: None = None, **inputs: Any) -> list[NDArray] | None: ...
+    async def run(self, *, out: None = None, **inputs: Any) -> list[NDArray]: ...
 
     @overload
     async def run(
@@ -398,14 +398,15 @@ class GraphModule:
 
     async def run(
         self, *, out: Sequence[Any] | None = None, **inputs: Any
-    ) -> list[Any] | None:
-        """Run the graph.
+    ) -> list[Any]:
+        """Run the graph and return its outputs.
 
         With keyword inputs, runs in a pooled context (safe for many
         concurrent callers) and returns the outputs as new arrays on the
-        host-facing device. Without, runs the stateful context after
-        ``set_input`` and returns ``None``; read results with
-        :meth:`get_output`.
+        host-facing device, which belong to the caller. Without, runs the
+        stateful context after ``set_input`` (TVM's ``run()``) and returns
+        the executor's own output arrays, as :meth:`get_output` does: views
+        that the next stateful run overwrites.
 
         :param out: one array per output to copy the outputs into instead
             (NDArrays on any device, or writable C-contiguous numpy arrays);
@@ -413,8 +414,9 @@ class GraphModule:
             be passed by the name ``out``; use the stateful API for one.)
         :raises InputError: for missing, unknown or mismatched inputs, or
             ``out`` arrays of the wrong number, shape or dtype.
-        :raises NodeFailedError: if a kernel raised (chained);
-            :class:`NodeOutOfMemoryError` if it ran out of device memory.
+        :raises NodeFailedError: if a kernel raised (chained, its reason in
+            the message); :class:`NodeOutOfMemoryError` if it ran out of
+            device memory.
         :raises OutOfMemoryError: if a device has no room for the first run
             context, or for the outputs.
         :raises BusyError: for a stateful run while another is in flight.
@@ -428,14 +430,15 @@ class GraphModule:
             return await core.run_pooled(inputs, targets)
         await core.run_own()
         if targets is None:
-            return None
+            return self._own_outputs()
         return core.own_outputs(targets)
 
-    def run_sync(self, **inputs: Any) -> list[NDArray] | None:
+    def run_sync(self, **inputs: Any) -> list[NDArray]:
         """:meth:`run` for callers without an event loop: blocks the thread.
 
-        It uses the executor's own context (one caller at a time); with
-        inputs it returns the outputs as new arrays.
+        It uses the executor's own context (one caller at a time): with
+        inputs it returns the outputs as new arrays; without, the
+        executor's own output arrays (as :meth:`get_output`).
 
         :raises InputError: for missing, unknown or mismatched inputs.
         :raises NodeFailedError: if a kernel raised (chained);
@@ -443,7 +446,11 @@ class GraphModule:
         :raises BusyError: while another stateful run is in flight.
         :raises ClosedResourceError: if the executor is closed.
         """
-        return self._core.run_own_sync(inputs)
+        outputs = self._core.run_own_sync(inputs)
+        return self._own_outputs() if outputs is None else outputs
+
+    def _own_outputs(self) -> list[NDArray]:
+        return [self._core.output(i) for i in range(self._core.num_outputs())]
 
     def get_output(self, index: int, out: NDArray | None = None) -> NDArray:
         """Output ``index`` of the last stateful run (TVM's ``get_output``).

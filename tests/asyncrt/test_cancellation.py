@@ -151,9 +151,15 @@ async def test_fail_after_drains_the_kernel_and_returns_the_context() -> None:
     async with graph_executor.create(mlp_graph(), lib, max_contexts=1) as ex:
         ex.load_params(PARAMS)
         timer = threading.Timer(0.05, release.set)
-        timer.start()
-        with pytest.raises(TimeoutError):
-            with anyio.fail_after(0.01):
+
+        async def expire_once_started(scope: anyio.CancelScope) -> None:
+            await until(started)  # the kernel runs: the deadline passes now
+            timer.start()
+            scope.deadline = anyio.current_time()
+
+        with pytest.raises(TimeoutError), anyio.fail_after(30) as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(expire_once_started, scope)
                 await ex.run(x=np.ones(N, np.float32))
         assert started.is_set() and release.is_set()  # it waited for the kernel
         timer.join()

@@ -85,16 +85,21 @@ async def test_stateful_api() -> None:
         assert dtypes == {"x": "float32", "c": "float32", "w": "float32"}
         x = np.linspace(-1, 1, N, dtype=np.float32)
         ex.set_input("x", x)
-        assert await ex.run() is None
+        own = await ex.run()  # the executor's own output arrays, as get_output
         np.testing.assert_allclose(ex.get_output(0).numpy(), reference(x, C, W)[0])
+        assert [o.numpy().tolist() for o in own] == [
+            ex.get_output(i).numpy().tolist() for i in range(ex.get_num_outputs())
+        ]
         out = asyncrt.nd.empty((N,), "float32")
         assert ex.get_output(1, out=out) is out
         np.testing.assert_allclose(out.numpy(), reference(x, C, W)[1], rtol=1e-6)
         np.testing.assert_array_equal(ex.get_input("x").numpy(), x)
         np.testing.assert_array_equal(ex.get_input(1).numpy(), C)
         ex.set_input(x=x * 2)  # keywords, TVM style
-        got = ex.run_sync()
-        assert got is None
+        got = ex.run_sync()  # stateful: the executor's own output arrays
+        assert got[0] is ex.get_output(0) or np.array_equal(
+            got[0].numpy(), ex.get_output(0).numpy()
+        )
         np.testing.assert_allclose(ex.get_output(0).numpy(), reference(x * 2, C, W)[0])
 
 

@@ -148,3 +148,20 @@ def test_a_closed_executor_warns_nothing_when_collected() -> None:
         del ex
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_run_returns_a_list_for_every_caller() -> None:
+    """``outputs = await ex.run(x=...); outputs[0]`` passes ``mypy --strict``:
+    neither ``run`` (without ``out=``) nor ``run_sync`` is typed Optional."""
+    from typing_extensions import get_overloads
+
+    from asyncrt.graph_executor import GraphModule
+
+    overloads = get_overloads(GraphModule.run)
+    plain = [o for o in overloads if "None" in str(o.__annotations__.get("out"))]
+    assert plain and "None" not in str(plain[0].__annotations__["return"])
+    assert "None" not in str(GraphModule.run_sync.__annotations__["return"])
+    with graph_executor.create(small_graph(), params={"w": W}) as ex:
+        ex.set_input(x=np.ones(4, np.float32))
+        (own,) = ex.run_sync()  # stateful: the executor's own outputs
+        np.testing.assert_array_equal(own.numpy(), W + 1)
