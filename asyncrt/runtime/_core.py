@@ -65,10 +65,35 @@ from ._options import ExecutorOptions
 from ._parameters import HostValue, Parameters
 from ._process import ProcessProgram
 
-__all__ = ("AnyContext", "ExecutorCore")
+__all__ = ("AnyContext", "ExecutorCore", "Guards")
 
 
-class ExecutorCore:
+class Guards:
+    """The checks every executor core makes before it acts (a core sets
+    ``closed`` and ``_stateful_busy``)."""
+
+    _stateful_busy: bool
+
+    @property
+    def closed(self) -> bool:
+        """Whether the executor was closed."""
+        raise NotImplementedError
+
+    def check_open(self) -> None:
+        """:raises ClosedResourceError: if the executor is closed."""
+        if self.closed:
+            raise ClosedResourceError("this executor is closed")
+
+    def check_not_busy(self) -> None:
+        """:raises BusyError: while a stateful run is in flight."""
+        if self._stateful_busy:
+            raise BusyError(
+                "a stateful run is in flight; use `await run(**inputs)` for "
+                "concurrent runs"
+            )
+
+
+class ExecutorCore(Guards):
     """A graph ready to run on devices; see the module docstring.
 
     :param graph: a validated graph.
@@ -594,19 +619,6 @@ class ExecutorCore:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._resources.closed
-
-    def check_open(self) -> None:
-        """:raises ClosedResourceError: if the executor is closed."""
-        if self._resources.closed:
-            raise ClosedResourceError("this executor is closed")
-
-    def check_not_busy(self) -> None:
-        """:raises BusyError: while a stateful run is in flight."""
-        if self._stateful_busy:
-            raise BusyError(
-                "a stateful run is in flight; use `await run(**inputs)` for "
-                "concurrent runs"
-            )
 
     def check_no_runs(self) -> None:
         """:raises BusyError: while any run is in flight."""

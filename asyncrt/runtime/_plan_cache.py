@@ -146,17 +146,13 @@ class PlanCache(Generic[T, P]):
         found = self._hit(key)
         if found is not None:
             return found
-        build = self._building.get(key)
-        if build is None:
-            self._misses += 1
-            build = self._building[key] = _Build()
+        build, first = self._claim(key)
+        if first:
             thread = threading.Thread(
                 target=self._run, args=(key, request, build), name="asyncrt-plan-build"
             )
             thread.daemon = True  # a build never holds the interpreter open
             thread.start()
-        else:
-            self._joined += 1
         await wait_completion(build.completion)
         return self._collect(key, build)
 
@@ -166,13 +162,10 @@ class PlanCache(Generic[T, P]):
         found = self._hit(key)
         if found is not None:
             return found
-        build = self._building.get(key)
-        if build is None:
-            self._misses += 1
-            build = self._building[key] = _Build()
+        build, first = self._claim(key)
+        if first:
             self._run(key, request, build)
         else:
-            self._joined += 1
             build.completion.wait()
         return self._collect(key, build)
 
@@ -194,6 +187,17 @@ class PlanCache(Generic[T, P]):
             self._ready.move_to_end(key)
             self._hits += 1
         return found
+
+    def _claim(self, key: Hashable) -> tuple[_Build[T], bool]:
+        """The build of ``key`` in flight, or a new one; and whether it is new
+        (the caller then runs it)."""
+        build = self._building.get(key)
+        if build is not None:
+            self._joined += 1
+            return build, False
+        self._misses += 1
+        build = self._building[key] = _Build()
+        return build, True
 
     def _run(self, key: Hashable, request: P, build: _Build[T]) -> None:
         start = time.perf_counter()

@@ -37,13 +37,13 @@ import numpy as np
 from devices import Device, NDArray, array
 from scheduler.plan import Plan
 
-from ..errors import BusyError, ClosedResourceError, InputError
+from ..errors import ClosedResourceError, InputError
 from ..graph import SymbolicGraph
 from ..ops._kernels import Module
 from . import _threads
 from ._backends import AnyContext, ContextBackend
 from ._context import ContextPool
-from ._core import ExecutorCore
+from ._core import ExecutorCore, Guards
 from ._options import ExecutorOptions
 from ._parameters import Parameters
 from ._plan_cache import CacheStats, PlanCache
@@ -55,7 +55,7 @@ __all__ = ("PolymorphicCore",)
 _Request = tuple[dict[str, tuple[int, ...]], dict[str, "np.ndarray[Any, Any]"]]
 
 
-class PolymorphicCore:
+class PolymorphicCore(Guards):
     """One executor for every shape of a symbolic graph; see the module
     docstring.
 
@@ -426,19 +426,6 @@ class PolymorphicCore:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
-
-    def check_open(self) -> None:
-        """:raises ClosedResourceError: if the executor is closed."""
-        if self._closed:
-            raise ClosedResourceError("this executor is closed")
-
-    def check_not_busy(self) -> None:
-        """:raises BusyError: while a stateful run is in flight."""
-        if self._stateful_busy:
-            raise BusyError(
-                "a stateful run is in flight; use `await run(**inputs)` for "
-                "concurrent runs"
-            )
 
     def check_no_runs(self) -> None:
         """:raises BusyError: while any run is in flight."""
