@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -137,7 +137,8 @@ def from_onnx(
         constant weights (a transformer's Q/K/V projections) into one
         (results agree to float rounding).
     :return: the graph and its parameters by name (initializers and folded
-        constants that kernels read). For a symbolic graph, the parameters
+        constants that kernels read), as read-only arrays (an executor holds
+        them without copying; copy one before writing to it). For a symbolic graph, the parameters
         are the constants every specialization shares, each held once (the
         weights are read once, from the model or its external-data files,
         and the message is not kept).
@@ -168,7 +169,7 @@ def from_onnx(
         rewritten = rewrite(proto) if optimize else Rewritten(proto)
         importer = Importer(rewritten.model, shapes, bound)
         importer.relu_convs = rewritten.relu
-        return importer.run()
+        return _read_only(importer.run())
     base_dir = os.path.dirname(where) if where is not None else None
     if scanned is not None:
         skeleton = scanned.model
@@ -177,14 +178,28 @@ def from_onnx(
     elif proto is not None:
         skeleton, weights = take_weights(proto, base_dir)
     check_shape_dict(skeleton, given)
-    return import_symbolic(
-        skeleton,
-        weights,
-        plan,
-        bound,
-        opset=default_opset(skeleton),
-        optimize=optimize,
+    return _read_only(
+        import_symbolic(
+            skeleton,
+            weights,
+            plan,
+            bound,
+            opset=default_opset(skeleton),
+            optimize=optimize,
+        )
     )
+
+
+_Imported = TypeVar("_Imported", bound=tuple[Any, dict[str, "np.ndarray[Any, Any]"]])
+
+
+def _read_only(imported: _Imported) -> _Imported:
+    """The parameters are constants: read-only, so that an executor may
+    hold them as they are instead of copying them (the weights then exist
+    once in the process)."""
+    for value in imported[1].values():
+        value.flags.writeable = False
+    return imported
 
 
 def _check(

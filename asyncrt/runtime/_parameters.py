@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from devices import Device, NDArray, array
+from devices import Device, NDArray, array, dtype_string
+from devices._ndarray import wrap_fresh_host
 from scheduler.dag import Entry
 
 from ._compiled import CompiledGraph
@@ -71,8 +72,10 @@ class Parameters:
 
     def load(self, values: Iterable[tuple[str, HostValue]]) -> None:
         """Set parameters (values already checked): each becomes a new host
-        copy, and its device copies are dropped."""
-        loaded = {name: array(value, _HOST) for name, value in values}
+        copy — or, for a read-only numpy array (``from_onnx``'s weights),
+        that array itself, since nobody can write to it through numpy —
+        and its device copies are dropped."""
+        loaded = {name: _host_array(value) for name, value in values}
         with self._lock:
             self._host.update(loaded)
             self._forget(loaded)
@@ -128,3 +131,17 @@ class Parameters:
         changed = set(names)
         for key in [key for key in self._copies if key[0] in changed]:
             del self._copies[key]
+
+
+def _host_array(value: HostValue) -> NDArray:
+    """``value`` as a host NDArray nobody else writes: a read-only,
+    C-contiguous, native-order numpy array as it is; anything else copied."""
+    if (
+        isinstance(value, np.ndarray)
+        and not value.flags.writeable
+        and value.flags.c_contiguous
+        and value.flags.aligned
+        and value.dtype.isnative
+    ):
+        return wrap_fresh_host(value, dtype_string(value.dtype))
+    return array(value, _HOST)
