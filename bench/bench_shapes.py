@@ -61,11 +61,11 @@ def _feed(batch: int, seq: int, seed: int = 0) -> dict[str, Any]:
     return bert_feed(batch, seq, BertConfig(), seed)
 
 
-async def _median(fn: Any, runs: int) -> float:
+async def _median(ex: Any, feed: dict[str, Any], runs: int) -> float:
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        await fn()
+        await ex.run(**feed)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -99,10 +99,8 @@ async def shapes(args: argparse.Namespace) -> list[dict[str, Any]]:
                 mine = await static.run(**feed)
                 cached_t, static_t, ort_t = [], [], []
                 for _ in range(args.rounds):  # interleaved: drift hits all alike
-                    cached_t.append(await _median(lambda: ex.run(**feed), args.runs))
-                    static_t.append(
-                        await _median(lambda: static.run(**feed), args.runs)
-                    )
+                    cached_t.append(await _median(ex, feed, args.runs))
+                    static_t.append(await _median(static, feed, args.runs))
                     start = time.perf_counter()
                     for _ in range(args.runs):
                         session.run(None, feed)

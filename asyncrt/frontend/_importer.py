@@ -138,8 +138,9 @@ def from_onnx(
         (results agree to float rounding).
     :return: the graph and its parameters by name (initializers and folded
         constants that kernels read), as read-only arrays (an executor holds
-        them without copying; copy one before writing to it). For a symbolic graph, the parameters
-        are the constants every specialization shares, each held once (the
+        them without copying; copy one before writing to it). For a symbolic
+        graph, the parameters are the constants every specialization
+        shares, each held once (the
         weights are read once, from the model or its external-data files,
         and the message is not kept).
     :raises GraphError: if the model is unreadable or invalid, an input's
