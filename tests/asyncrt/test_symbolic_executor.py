@@ -250,3 +250,36 @@ def test_the_debug_executor_needs_static_shapes() -> None:
     graph, params, _ = _bert()
     with pytest.raises(UnsupportedOperationError, match="shape_dict"):
         debug_executor.create(graph, params=params)
+
+
+@pytest.mark.anyio
+async def test_many_signatures_in_a_row_hold_at_most_max_plans() -> None:
+    """Memory stays bounded: three hundred distinct signatures through a
+    cache of four leave at most four built cores alive (the evicted ones
+    released: their contexts, streams and arenas)."""
+    from onnx import TensorProto, helper
+
+    from asyncrt.runtime._core import ExecutorCore
+
+    from .frontend.models import model_of
+
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph_proto = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+    )
+    graph, params = from_onnx(model_of(graph_proto, 17))
+    assert isinstance(graph, SymbolicGraph)
+    before = sum(isinstance(o, ExecutorCore) for o in gc.get_objects())
+    async with graph_executor.create(graph, params=params, max_plans=4) as ex:
+        for n in range(1, 301):
+            x = np.linspace(-1, 1, n, dtype=np.float32)
+            (y,) = await ex.run(x=x)
+            np.testing.assert_array_equal(y.numpy(), np.maximum(x, 0))
+        gc.collect()
+        alive = sum(isinstance(o, ExecutorCore) for o in gc.get_objects()) - before
+        stats = ex.plan_cache_stats()
+    assert stats is not None and stats.builds == 300 and stats.evictions == 296
+    assert alive <= 4
