@@ -9,6 +9,8 @@ point reports in one line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,6 +22,7 @@ from devices import Device, get_api, list_devices
 from scheduler.plan import Copy, Launch, Plan, RecordEvent
 
 from .. import debug_executor, graph_executor
+from ..errors import ArgumentError, InputError
 from ..graph_executor import GraphModule
 from ..tools._pictures import save_gantt, save_plan_picture
 from ..tools._time_evaluator import time_evaluator
@@ -467,6 +470,8 @@ async def cmd_profile(args: argparse.Namespace, out: Output) -> int:
 
 async def cmd_bench(args: argparse.Namespace, out: Output) -> int:
     """Time a model's runs (TVM's time evaluator)."""
+    if args.sweep:
+        return await _bench_sweep(args, out)
     model, devices, inputs = _prepare(args, out)
     with _executor(model, devices, args) as ex:
 
@@ -512,6 +517,135 @@ async def cmd_bench(args: argparse.Namespace, out: Output) -> int:
         numeric=("Mean ms", "Median ms", "Std ms", "Min ms", "Max ms", "Runs/s"),
     )
     return 0
+
+
+async def _bench_sweep(args: argparse.Namespace, out: Output) -> int:
+    """Time an ONNX model with symbolic dimensions at every combination of
+    the ``--sweep`` sizes, on one executor (a plan per shape signature)."""
+    from ..frontend import from_onnx
+    from ..graph import SymbolicGraph
+
+    sizes = parse_sweep(args.sweep)
+    if args.model is None or not str(args.model).endswith(".onnx"):
+        raise ArgumentError("--sweep takes an ONNX model with symbolic dimensions")
+    graph, params = from_onnx(args.model)
+    if not isinstance(graph, SymbolicGraph):
+        raise ArgumentError(
+            f"{args.model}: its input shapes are fixed: --sweep needs symbolic "
+            "dimensions"
+        )
+    if graph.shape_valued:
+        raise ArgumentError(
+            f"{args.model}: inputs {', '.join(graph.shape_valued)} decide shapes "
+            "by their values, which --sweep does not choose"
+        )
+    unknown = sorted(set(sizes) - set(graph.symbols))
+    missing = [s for s in graph.symbols if s not in sizes]
+    if unknown or missing:
+        raise InputError(
+            f"--sweep: the model's symbols are {', '.join(graph.symbols)}"
+            + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+            + (f"; give sizes for: {', '.join(missing)}" if missing else "")
+        )
+    devices = pick_devices(args.device)
+    rows = []
+    async with graph_executor.create(
+        graph, None, devices, params=params, **_planning(args)
+    ) as ex:
+        combos = list(itertools.product(*sizes.values()))
+        with out.progress("benchmarking shapes", len(combos)) as tick:
+            for done, combo in enumerate(combos, 1):
+                dims = dict(zip(sizes, combo, strict=True))
+                inputs = _sweep_inputs(graph, params, dims)
+                start = time.perf_counter()
+                await ex.run(**inputs)
+                first = time.perf_counter() - start
+
+                async def one_run(feed: dict[str, Any] = inputs) -> None:
+                    await ex.run(**feed)
+
+                result = await time_evaluator(
+                    one_run, args.number, args.repeat, args.min_repeat_ms
+                ).acall()
+                rows.append((dims, first, result))
+                tick(done, len(combos))
+        stats = ex.plan_cache_stats()
+    assert stats is not None
+    if args.json:
+        out.json(
+            {
+                "model": str(args.model),
+                "devices": [str(d) for d in devices],
+                "shapes": [
+                    {**dims, "first_run_s": first, **result.to_dict()}
+                    for dims, first, result in rows
+                ],
+                "plan_cache": dataclasses.asdict(stats),
+            }
+        )
+        return 0
+    out.line(f"Model: {Path(args.model).name}, one executor for every shape")
+    symbols = list(sizes)
+    columns = (*symbols, "First run ms", "Median ms", "Min ms", "Runs/s")
+    out.table(
+        columns,
+        [
+            [
+                *(str(dims[s]) for s in symbols),
+                f"{1e3 * first:.3f}",
+                f"{1e3 * result.median:.4f}",
+                f"{1e3 * result.min:.4f}",
+                _per_second(result.mean),
+            ]
+            for dims, first, result in rows
+        ],
+        numeric=columns,
+    )
+    mean = stats.build_seconds / stats.builds if stats.builds else 0.0
+    out.line(
+        f"Plan cache: {stats.builds} plans built ({1e3 * mean:.1f} ms each on "
+        f"average, {1e3 * stats.build_seconds:.1f} ms in all), {stats.hits} hits, "
+        f"{stats.misses} misses, {stats.evictions} evicted, {stats.size} kept "
+        f"(max_plans {stats.max_plans})"
+    )
+    return 0
+
+
+def parse_sweep(items: list[str]) -> dict[str, list[int]]:
+    """``SYMBOL=1,2,4`` items as sizes by symbol.
+
+    :raises InputError: for a malformed item or a symbol given twice.
+    """
+    sizes: dict[str, list[int]] = {}
+    for item in items:
+        name, _, values = item.partition("=")
+        try:
+            parsed = [int(v) for v in values.split(",")]
+        except ValueError:
+            parsed = []
+        if not name or not parsed or any(v < 0 for v in parsed):
+            raise InputError(
+                f"--sweep {item!r}: expected SYMBOL=SIZE,SIZE,... (sizes >= 0)"
+            )
+        if name in sizes:
+            raise InputError(f"--sweep {name}: given twice")
+        sizes[name] = parsed
+    return sizes
+
+
+def _sweep_inputs(
+    graph: Any, params: dict[str, Any], dims: dict[str, int]
+) -> dict[str, Any]:
+    """Seeded random inputs at these symbol sizes (integer indices within
+    the tables they index, as for any model)."""
+    shapes = {
+        name: tuple(dims[d] if isinstance(d, str) else d for d in spec.shape)
+        for name, spec in graph.inputs.items()
+    }
+    special = graph.specialize(shapes, {})
+    model = Model("sweep", special.graph, special.with_shared(params))
+    inputs, _, _ = make_inputs(model, Given())
+    return {name: inputs[name] for name in graph.inputs}
 
 
 def _per_second(seconds: float) -> str:

@@ -212,5 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="count copying the inputs in and the outputs out",
     )
+    bench.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="SYMBOL=1,2,4",
+        help="an ONNX model's symbolic dimension and the sizes to time it at "
+        "(repeat: every combination runs); one executor serves them all, a "
+        "plan per shape, and the plan cache's figures are shown",
+    )
     _json(bench)
     return parser

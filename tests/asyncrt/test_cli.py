@@ -521,3 +521,20 @@ def test_the_test_models_exported_with_a_symbolic_batch_run_and_profile(
     assert done.returncode == 0, done.stderr
     assert "'batch' taken as 1" in done.stderr
     assert json.loads(done.stdout)["runs"] == 2
+
+
+def test_bench_sweeps_shapes_on_one_executor(tmp_path: Path) -> None:
+    model = onnx_bert(tmp_path / "bert.onnx")
+    done = asyncrt_cli(
+        "bench", str(model), "--device", "cpu", "--sweep", "batch=1,2",
+        "--sweep", "seq=3,5", "--repeat", "1", "--number", "2", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [(s["batch"], s["seq"]) for s in report["shapes"]] == [
+        (1, 3), (1, 5), (2, 3), (2, 5)
+    ]  # fmt: skip
+    cache = report["plan_cache"]
+    assert cache["builds"] == 4 and cache["misses"] == 4 and cache["hits"] >= 8
+    bad = asyncrt_cli("bench", str(model), "--device", "cpu", "--sweep", "batch=1")
+    assert bad.returncode != 0 and "give sizes for: seq" in bad.stderr
