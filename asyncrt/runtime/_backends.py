@@ -232,7 +232,13 @@ class WorkerProcesses:
         options = self._options
         return WorkerSpec(
             graph=compiled.graph.to_json(),
-            params=parameters.host_values(),
+            # Only those this graph reads: a shape signature's graph reads a
+            # part of the weights its executor shares among all of them.
+            params={
+                name: parameters.host_array(name).numpy()
+                for name in compiled.input_entries
+                if name in parameters
+            },
             devices=tuple(str(d) for d in self._devices),
             placement={nid: str(d) for nid, d in plan.placement.items()},
             options=options.for_worker(

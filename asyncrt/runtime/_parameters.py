@@ -66,10 +66,6 @@ class Parameters:
             return self._parent.host_array(name)
         return self._host[name]
 
-    def host_values(self) -> dict[str, np.ndarray[Any, Any]]:
-        """Every parameter as a numpy array (for a worker process's spec)."""
-        return {name: self.host_array(name).numpy() for name in self.names()}
-
     def load(self, values: Iterable[tuple[str, HostValue]]) -> None:
         """Set parameters (values already checked): each becomes a new host
         copy — or, for a read-only numpy array (``from_onnx``'s weights),

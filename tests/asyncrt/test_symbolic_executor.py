@@ -283,3 +283,18 @@ async def test_many_signatures_in_a_row_hold_at_most_max_plans() -> None:
         stats = ex.plan_cache_stats()
     assert stats is not None and stats.builds == 300 and stats.evictions == 296
     assert alive <= 4
+
+
+@pytest.mark.anyio
+async def test_symbolic_shapes_in_worker_processes() -> None:
+    """processes=True: each signature's plan runs in worker processes, which
+    get the weights that plan reads (not every weight of the model)."""
+    graph, params, session = _bert()
+    async with graph_executor.create(
+        graph, params=params, processes=True, max_contexts=1, worker_blas="default"
+    ) as ex:
+        for batch, seq in [(1, 4), (2, 7), (1, 4)]:
+            feed = bert_feed(batch, seq)
+            _close(await ex.run(**feed), session.run(None, feed))
+        stats = ex.plan_cache_stats()
+    assert stats is not None and (stats.builds, stats.hits) == (2, 1)
