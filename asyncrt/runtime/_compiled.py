@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import networkx as nx
+import numpy as np
 
-from devices import Device
+from devices import Device, NDArray, from_dlpack, numpy_dtype
 from scheduler.dag import Entry, TensorSpec, node_spec
 from scheduler.dispatch import Kernel
 from scheduler.plan import Plan
@@ -34,7 +36,10 @@ from ..ops._kernels import Module, resolve
 from ..ops._work import annotate_work
 from ._options import ExecutorOptions
 
-__all__ = ("CompiledGraph", "compile_graph")
+__all__ = ("CompiledGraph", "HostValue", "compile_graph")
+
+#: An input value, checked: an NDArray (any device) or a host array.
+HostValue = NDArray | np.ndarray[Any, Any]
 
 #: How many missing kernels an error lists before "and N more".
 _SHOWN = 10
@@ -110,6 +115,70 @@ class CompiledGraph:
                 f"{len(self.input_names)} inputs)"
             )
         return Entry(self.plan.inputs[key], 0)
+
+    def check_value(self, entry: Entry, value: Any) -> HostValue:
+        """Check an input value against the graph; return an NDArray or a
+        host array.
+
+        :raises InputError: if it cannot be made an array, or its shape or
+            dtype is not the graph's.
+        """
+        spec = self.tensor(entry)
+        name = self.name_of(entry)
+        if isinstance(value, (NDArray, np.ndarray)):
+            array: HostValue = value
+        elif hasattr(value, "__dlpack__"):
+            array = from_dlpack(value)
+        else:
+            try:
+                array = np.asarray(value, dtype=numpy_dtype(spec.dtype))
+            except (TypeError, ValueError) as exc:
+                raise InputError(
+                    f"input {name!r}: cannot use {value!r}: {exc}"
+                ) from exc
+        shape = tuple(array.shape)
+        dtype = array.dtype if isinstance(array, NDArray) else str(array.dtype)
+        if dtype == "bool_":
+            dtype = "bool"
+        if shape != spec.shape:
+            raise InputError(f"input {name!r} expects shape {spec.shape}, got {shape}")
+        if dtype != spec.dtype:
+            raise InputError(f"input {name!r} expects dtype {spec.dtype}, got {dtype}")
+        return array
+
+    def check_out(self, out: Sequence[Any]) -> list[Any]:
+        """``out=`` arrays, checked against the outputs.
+
+        :raises InputError: for the wrong number, shape, dtype or kind.
+        """
+        heads = self.heads
+        targets = list(out)
+        if len(targets) != len(heads):
+            raise InputError(
+                f"out= needs {len(heads)} arrays (one per output), got {len(targets)}"
+            )
+        for index, (target, head) in enumerate(zip(targets, heads, strict=True)):
+            spec = self.tensor(head)
+            if isinstance(target, NDArray):
+                shape, dtype = target.shape, target.dtype
+            elif isinstance(target, np.ndarray):
+                if not (target.flags.writeable and target.flags.c_contiguous):
+                    raise InputError(
+                        f"out[{index}] must be a writable, C-contiguous array"
+                    )
+                shape, dtype = target.shape, str(target.dtype)
+                dtype = "bool" if dtype == "bool_" else dtype
+            else:
+                raise InputError(
+                    f"out[{index}] must be an NDArray or a numpy array, "
+                    f"got {type(target).__name__}"
+                )
+            if tuple(shape) != spec.shape or dtype != spec.dtype:
+                raise InputError(
+                    f"out[{index}] must have shape {spec.shape} and dtype "
+                    f"{spec.dtype}, got {tuple(shape)} {dtype}"
+                )
+        return targets
 
 
 def compile_graph(

@@ -34,7 +34,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from devices import Device, NDArray, from_dlpack, numpy_dtype
+from devices import Device, NDArray
 from scheduler.dag import Entry
 from scheduler.dispatch import Program
 from scheduler.plan import Plan
@@ -241,43 +241,15 @@ class ExecutorCore(Guards):
         """Device bytes one run context costs (arenas and input buffers)."""
         return nbytes_of(self.compiled, self._parameters)
 
-    def check_value(self, entry: Entry, value: Any) -> HostValue:
-        """Check an input value against the graph; return an NDArray or a
-        host array.
-
-        :raises InputError: if it cannot be made an array, or its shape or
-            dtype is not the graph's.
-        """
-        spec = self.compiled.tensor(entry)
-        name = self.compiled.name_of(entry)
-        if isinstance(value, (NDArray, np.ndarray)):
-            array: HostValue = value
-        elif hasattr(value, "__dlpack__"):
-            array = from_dlpack(value)
-        else:
-            try:
-                array = np.asarray(value, dtype=numpy_dtype(spec.dtype))
-            except (TypeError, ValueError) as exc:
-                raise InputError(
-                    f"input {name!r}: cannot use {value!r}: {exc}"
-                ) from exc
-        shape = tuple(array.shape)
-        dtype = array.dtype if isinstance(array, NDArray) else str(array.dtype)
-        if dtype == "bool_":
-            dtype = "bool"
-        if shape != spec.shape:
-            raise InputError(f"input {name!r} expects shape {spec.shape}, got {shape}")
-        if dtype != spec.dtype:
-            raise InputError(f"input {name!r} expects dtype {spec.dtype}, got {dtype}")
-        return array
-
     def checked(self, values: Mapping[str, Any]) -> list[tuple[str, HostValue]]:
         """``values`` checked against the graph's inputs, by name.
 
         :raises InputError: for an unknown name or a mismatched value.
         """
         entries = [(name, self.compiled.input_entry(name)) for name in values]
-        return [(name, self.check_value(e, values[name])) for name, e in entries]
+        return [
+            (name, self.compiled.check_value(e, values[name])) for name, e in entries
+        ]
 
     def load_params(self, values: Mapping[str, Any]) -> None:
         """Set parameters by name (shared by every later run).
@@ -300,7 +272,7 @@ class ExecutorCore(Guards):
         self.check_open()
         self.check_no_runs()
         for name, array in arrays.items():
-            self.check_value(self.compiled.input_entry(name), array)
+            self.compiled.check_value(self.compiled.input_entry(name), array)
         self._parameters.share(arrays)
         self._rebind()
 
@@ -418,7 +390,7 @@ class ExecutorCore(Guards):
         if missing:
             raise InputError(f"inputs not given: {', '.join(sorted(missing))}")
         return [
-            (entry, self.check_value(entry, inputs[name]))
+            (entry, self.compiled.check_value(entry, inputs[name]))
             for name, entry in compiled.input_entries.items()
             if name in inputs
         ]
@@ -428,34 +400,7 @@ class ExecutorCore(Guards):
 
         :raises InputError: for the wrong number, shape, dtype or kind.
         """
-        heads = self.compiled.heads
-        targets = list(out)
-        if len(targets) != len(heads):
-            raise InputError(
-                f"out= needs {len(heads)} arrays (one per output), got {len(targets)}"
-            )
-        for index, (target, head) in enumerate(zip(targets, heads, strict=True)):
-            spec = self.compiled.tensor(head)
-            if isinstance(target, NDArray):
-                shape, dtype = target.shape, target.dtype
-            elif isinstance(target, np.ndarray):
-                if not (target.flags.writeable and target.flags.c_contiguous):
-                    raise InputError(
-                        f"out[{index}] must be a writable, C-contiguous array"
-                    )
-                shape, dtype = target.shape, str(target.dtype)
-                dtype = "bool" if dtype == "bool_" else dtype
-            else:
-                raise InputError(
-                    f"out[{index}] must be an NDArray or a numpy array, "
-                    f"got {type(target).__name__}"
-                )
-            if tuple(shape) != spec.shape or dtype != spec.dtype:
-                raise InputError(
-                    f"out[{index}] must have shape {spec.shape} and dtype "
-                    f"{spec.dtype}, got {tuple(shape)} {dtype}"
-                )
-        return targets
+        return self.compiled.check_out(out)
 
     async def run_pooled(
         self, inputs: Mapping[str, Any], targets: list[Any] | None

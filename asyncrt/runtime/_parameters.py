@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import numpy as np
 
@@ -27,11 +26,10 @@ from devices import Device, NDArray, array, dtype_string
 from devices._ndarray import wrap_fresh_host
 from scheduler.dag import Entry
 
-from ._compiled import CompiledGraph
+from ._compiled import CompiledGraph, HostValue
 
 __all__ = ("HostValue", "Parameters")
 
-HostValue = NDArray | np.ndarray[Any, Any]
 _HOST = Device("cpu", 0)
 
 
