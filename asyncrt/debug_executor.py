@@ -105,7 +105,7 @@ _Step = float | None
 def create(
     graph: Graph | SymbolicGraph | str | bytes | Mapping[str, Any],
     lib: Module | None = None,
-    devices: DeviceSpec = "cpu",
+    devices: DeviceSpec | None = None,
     dump_root: str | Path | None = None,
     *,
     max_runs: int = 1000,

@@ -66,6 +66,7 @@ from typing_extensions import Unpack
 from devices import Device, NDArray
 from scheduler.plan import Plan
 
+from ._devices import host
 from .errors import ArgumentError, InputError, UnsupportedOperationError
 from .graph import Graph, SymbolicGraph, load_graph
 from .io._params import decode_params
@@ -98,7 +99,7 @@ OutArray = TypeVar("OutArray", NDArray, "np.ndarray[Any, Any]")
 def create(
     graph: Graph | SymbolicGraph | str | bytes | Mapping[str, Any],
     lib: Module | None = None,
-    devices: DeviceSpec = "cpu",
+    devices: DeviceSpec | None = None,
     *,
     params: Params | None = None,
     options: ExecutorOptions | None = None,
@@ -118,6 +119,7 @@ def create(
     :param lib: kernels looked up before the global registry; ``None`` means
         the global registry only.
     :param devices: one device or a list; the first faces the host.
+        ``None``: the host alone (``asyncrt.cpu()``).
     :param params: parameters to load now (as :meth:`GraphModule.load_params`
         takes them). The planner then knows them as constants: a parameter
         read on another device is copied there once, when loaded, instead of
@@ -148,11 +150,13 @@ def _graph(
     return load_graph(graph)
 
 
-def parse_devices(spec: DeviceSpec) -> tuple[Device, ...]:
-    """The devices of ``spec``.
+def parse_devices(spec: DeviceSpec | None) -> tuple[Device, ...]:
+    """The devices of ``spec`` (``None``: the host alone).
 
     :raises ArgumentError: for something that is not a device or its name.
     """
+    if spec is None:
+        return (host(),)
     if isinstance(spec, (Device, str)):
         items: list[object] = [spec]
     elif isinstance(spec, (list, tuple)):

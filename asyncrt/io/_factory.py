@@ -110,7 +110,7 @@ class GraphExecutorFactory:
         :raises KernelNotFoundError: if a kernel is missing for its device.
         """
         if devices is None:
-            devices = self.devices if self.devices is not None else "cpu"
+            devices = self.devices  # None: the host alone
         # Given at creation, the parameters are known to the planner as
         # constants: copied once to the devices that read them.
         return create(

@@ -26,11 +26,12 @@ from devices import Device, NDArray, array, dtype_string
 from devices._ndarray import wrap_fresh_host
 from scheduler.dag import Entry
 
+from .._devices import host
 from ._compiled import CompiledGraph, HostValue
 
 __all__ = ("HostValue", "Parameters")
 
-_HOST = Device("cpu", 0)
+_HOST = host()
 
 
 class Parameters:
