@@ -497,3 +497,22 @@ def test_buckets() -> None:
     padding = asyncrt.Padding(axes={"x": 1}, values={"x": 0}, buckets=(8, 16))
     assert [padding.bucket(n) for n in (1, 8, 9, 16, 17)] == [8, 8, 16, 16, 17]
     assert asyncrt.Padding(axes={"x": 1}, values={"x": 0}).bucket(5) == -1
+
+
+@pytest.mark.anyio
+async def test_the_profile_report_shows_the_batching() -> None:
+    graph, lib = static_graph()
+    with asyncrt.debug_executor.create(graph, lib, "cpu") as ex:
+        async with Batcher(ex, batch_axes={"x": 0}, max_delay_ms=0) as batcher:
+            for value in (1.0, 2.0):
+                check(await batcher.run(**request(value)), request(value)["x"])
+        report = ex.trace.report().with_batching(batcher.stats())
+    assert report.batching is not None and report.batching.batches == 2
+    text = str(report)
+    assert "Batching" in text and "batch sizes {4: 2}" in text
+    assert "queue delay p50" in text
+    data = json.loads(report.to_json())
+    assert data["batching"]["sizes"] == {"4": 2}
+    assert report.sort("name").batching is report.batching
+    assert report.head(1).batching is report.batching
+    assert "batching" not in ex.trace.report().to_dict()
