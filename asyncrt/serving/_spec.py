@@ -230,12 +230,16 @@ def configure(
                 )
             static_rows.add(batch_dim)
     if symbolic is not None:
-        missing = sorted(set(symbolic.inputs) - set(batch_axes))
-        if missing:
-            raise ArgumentError(
-                f"batch_axes must give a batch axis for every input; missing: "
-                f"{', '.join(missing)}"
-            )
+        inputs = set(symbolic.inputs)
+    else:  # a static graph's inputs but its parameters (loaded so far)
+        parameters = ex.core.parameters
+        inputs = {n for n in ex.core.input_names() if n not in parameters}
+    missing = sorted(inputs - set(batch_axes))
+    if missing:
+        raise ArgumentError(
+            f"batch_axes must give a batch axis for every input; missing: "
+            f"{', '.join(missing)}"
+        )
     if static_rows:
         if len(static_rows) > 1:
             raise ArgumentError(
@@ -306,6 +310,8 @@ def _input_spec(
     if not isinstance(name, str) or ex.get_input_index(name) < 0:
         known = ", ".join(symbolic.inputs if symbolic else sorted(shapes)) or "none"
         raise ArgumentError(f"batch_axes names no input {name!r}; inputs: {known}")
+    if symbolic is None and name in ex.core.parameters:
+        raise ArgumentError(f"{name!r} is a parameter, not an input to batch")
     if symbolic is not None:
         declared = symbolic.inputs.get(name)
         if declared is None:

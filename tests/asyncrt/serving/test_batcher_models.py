@@ -255,3 +255,13 @@ async def test_with_a_remote_device(cluster: Any) -> None:
     async with ex, Batcher(ex, batch_axes={"x": 0}) as batcher:
         await serve_rows(batcher, params["w"], 10)
     assert batcher.stats().requests == 10
+
+
+def test_a_static_graph_batches_its_inputs_not_its_parameters() -> None:
+    graph, params = mlp()
+    refused = pytest.raises(asyncrt.errors.ArgumentError, match="'w' is a parameter")
+    with graph_executor.create(graph, None, "cpu", params=params) as ex, refused:
+        Batcher(ex, batch_axes={"x": 0, "w": 0})
+    missing = pytest.raises(asyncrt.errors.ArgumentError, match="missing: w")
+    with graph_executor.create(graph, None, "cpu") as ex, missing:  # w not loaded
+        Batcher(ex, batch_axes={"x": 0})
