@@ -26,7 +26,12 @@ drift falls on all of them alike. Modes:
 * ``batched``: the callers through :class:`asyncrt.Batcher`
   (``--max-delay-ms``, ``--max-batch``, preferred sizes the powers of two)
   on the default executor; every request's outputs are checked against its
-  own unbatched run (``max_abs_err``);
+  own unbatched run (``max_abs_err``); ``batched-throughput`` on the
+  ``"throughput"`` executor;
+* ``batched-proc``: the batcher on an executor of the model imported at
+  the batch's shape (``--max-batch`` x ``--seq``) with ``processes=True``
+  (``--proc-contexts`` worker processes, ``--worker-nice``): no kernel runs
+  in the loop's process;
 * ``ort-executor``: one ONNX Runtime session (its default threads) called
   through ``loop.run_in_executor`` by the callers at once (the loop's
   default thread pool), and ``ort-seq`` one caller at a time.
@@ -65,6 +70,7 @@ MODES = (
     "conc-fixed",
     "conc-throughput",
     "batched",
+    "batched-throughput",
     "batched-proc",
     "ort-executor",
 )
@@ -176,14 +182,14 @@ async def child_main(a: argparse.Namespace) -> dict[str, Any]:
         options: dict[str, Any] = {}
         if mode == "conc-fixed":
             options["kernel_threads"] = os.cpu_count() or 1
-        elif mode == "conc-throughput":
+        elif mode in ("conc-throughput", "batched-throughput"):
             options["kernel_threads"] = "throughput"
         async with graph_executor.create(
             graph, None, "cpu", params=params, **options
         ) as ex:
             if mode.startswith("batched"):
                 unbatched = [await ex.run(**feed) for feed in requests]
-                if mode == "batched":
+                if mode in ("batched", "batched-throughput"):
                     timed = await batched(a, ex, requests, callers, result)
                 else:  # its batches in worker processes: a static import
                     shape = (a.max_batch, a.seq)
@@ -362,9 +368,11 @@ def report(a: argparse.Namespace, summaries: dict[str, dict[str, Any]]) -> list[
     ratio("conc", "conc-fixed")
     ratio("batched", "conc")
     ratio("batched", "ort-executor")
+    ratio("batched-throughput", "conc-throughput")
+    ratio("batched-throughput", "ort-executor")
     ratio("batched-proc", "conc")
     ratio("batched-proc", "ort-executor")
-    for name in ("batched", "batched-proc"):
+    for name in ("batched", "batched-throughput", "batched-proc"):
         batched = summaries.get(name)
         if batched is None:
             continue
