@@ -195,11 +195,14 @@ class ThreadLimits:
             raise ValueError(f"kernel threads must be >= 1, got {threads}")
         if streams < 0:
             raise ValueError(f"streams must be >= 0, got {streams}")
+        # Looking for the libraries takes about a millisecond: not under the
+        # lock that runs starting on the event loop take.
+        libraries = threadpoolctl.ThreadpoolController().lib_controllers
         with self._lock:
             key = self._next
             self._next += 1
             self._claims[key] = _Claim(threads, streams, shared)
-            if self._pools.find():  # libraries loaded since: limit them too
+            if self._pools.add(libraries):  # loaded since: limit them too
                 self._applied = None
             self._apply(numexpr=True)
         return ThreadLease(self, key, threads, shared)
@@ -253,13 +256,13 @@ class _Pools:
         self._original: dict[str, int] = {}
         self._numexpr_original: int | None = None
 
-    def find(self) -> bool:
-        """Look for the libraries loaded now (about a millisecond).
+    def add(self, libraries: Sequence[Any]) -> bool:
+        """Take threadpoolctl's controllers of the libraries loaded now.
 
         :return: whether there are new ones.
         """
         found = False
-        for library in threadpoolctl.ThreadpoolController().lib_controllers:
+        for library in libraries:
             if library.filepath not in self._libraries:
                 self._libraries[library.filepath] = library
                 self._original[library.filepath] = library.num_threads
