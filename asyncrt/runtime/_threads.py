@@ -29,7 +29,14 @@ MiniLM-size encoder with 2 BLAS threads each would put 8 threads on 2 cores
 while they wait), and served half the requests per second that one caller
 at a time got. The executor core counts its runs
 (:meth:`ThreadLease.running`); a change costs one call per library into
-its thread API, made only when the number changes. numexpr's pool is not
+its thread API, made only when the number changes. The pools shrink at
+once but grow back only once runs have not overlapped for
+:data:`GROW_BACK_SECONDS`: after a multithreaded call OpenBLAS's helper
+threads spin for a while (about 0.1 s by default) before they sleep, so
+growing back between the runs of a busy service (a batch that runs alone
+for a moment) would wake them to spin beside the single-threaded runs (a
+batcher's two concurrent batches of a MiniLM-size encoder ran 30% slower
+so). numexpr's pool is not
 resized per run (numexpr rebuilds its threads to resize): it keeps the
 threads of one run alone.
 
@@ -53,6 +60,7 @@ import functools
 import importlib.util
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -64,6 +72,7 @@ from devices import get_api
 from scheduler.plan import Copy, Launch, Plan
 
 __all__ = (
+    "GROW_BACK_SECONDS",
     "ThreadLease",
     "ThreadLimits",
     "available_cores",
@@ -160,16 +169,25 @@ class _Claim:
     runs: int = 0
 
 
+#: Seconds without overlapping runs before shared pools grow back.
+GROW_BACK_SECONDS = 0.5
+
+
 class ThreadLimits:
     """The process-wide thread limits of the kernel pools (see the module
     docstring); use the shared instance :data:`limits`.
 
     :param cores: the cores to share; default :func:`available_cores`.
+    :param clock: the time, in seconds (tests pass their own).
     """
 
-    def __init__(self, cores: int | None = None) -> None:
+    def __init__(
+        self, cores: int | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._lock = threading.Lock()
         self._cores = cores
+        self._clock = clock
+        self._shared_at = -float("inf")  # when runs last shared the pools
         self._claims: dict[int, _Claim] = {}
         self._next = 0
         self._pools = _Pools()
@@ -220,7 +238,8 @@ class ThreadLimits:
                 self._apply(numexpr=False)
 
     def wanted(self) -> int | None:
-        """The threads per pool the claims ask for now, or ``None`` for none."""
+        """The threads per pool the claims ask for now, or ``None`` for none
+        (the pools may stay smaller for :data:`GROW_BACK_SECONDS`)."""
         if not self._claims:
             return None
         busy = sum(c.streams * c.runs for c in self._claims.values())
@@ -232,6 +251,13 @@ class ThreadLimits:
 
     def _apply(self, *, numexpr: bool) -> None:
         wanted = self.wanted()
+        if wanted is not None and self._applied is not None:
+            now = self._clock()
+            sharing = wanted < min(c.threads for c in self._claims.values())
+            if wanted > self._applied and now - self._shared_at < GROW_BACK_SECONDS:
+                wanted = self._applied  # runs overlapped just now: stay shared
+            if sharing:
+                self._shared_at = now
         if wanted != self._applied:
             if wanted is None:
                 self._pools.restore()
@@ -240,10 +266,10 @@ class ThreadLimits:
             self.threads = 1 if wanted is None else wanted
             self._applied = wanted
         if numexpr:  # sized for one run alone: see the module docstring
-            alone = min((c.threads for c in self._claims.values()), default=None)
-            if alone != self._numexpr_applied:
-                self._pools.limit_numexpr(alone)
-                self._numexpr_applied = alone
+            single = min((c.threads for c in self._claims.values()), default=None)
+            if single != self._numexpr_applied:
+                self._pools.limit_numexpr(single)
+                self._numexpr_applied = single
 
 
 class _Pools:

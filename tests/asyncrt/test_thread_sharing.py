@@ -21,8 +21,22 @@ def blas_threads() -> int:
     return min(lib["num_threads"] for lib in info) if info else 0
 
 
+class Clock:
+    """A clock the test moves (past the grow-back delay)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def later(self) -> None:
+        self.now += _threads.GROW_BACK_SECONDS + 0.1
+
+
 def test_shared_claims_shrink_while_runs_are_in_flight() -> None:
-    limits = _threads.ThreadLimits(cores=8)
+    clock = Clock()
+    limits = _threads.ThreadLimits(cores=8, clock=clock)
     lease = limits.acquire(8, streams=1, shared=True)
     try:
         assert limits.threads == 8
@@ -32,15 +46,38 @@ def test_shared_claims_shrink_while_runs_are_in_flight() -> None:
                 assert limits.threads == 4
                 with lease.running(), lease.running():
                     assert limits.threads == 2
-            assert limits.threads == 8
+            assert limits.wanted() == 8
+            assert limits.threads == 2  # runs overlapped just now
+        clock.later()
+        with lease.running():
+            assert limits.threads == 8  # alone, long after the overlap
         assert limits.threads == 8
     finally:
         lease.release()
     assert limits.threads == 1
 
 
+def test_shared_pools_grow_back_only_after_a_quiet_spell() -> None:
+    clock = Clock()
+    limits = _threads.ThreadLimits(cores=4, clock=clock)
+    lease = limits.acquire(4, streams=1, shared=True)
+    try:
+        for _ in range(3):  # a busy service: a run alone between overlaps
+            with lease.running(), lease.running():
+                assert limits.threads == 2
+            with lease.running():
+                assert limits.threads == 2
+            clock.now += _threads.GROW_BACK_SECONDS / 4
+        clock.later()
+        with lease.running():
+            assert limits.threads == 4
+    finally:
+        lease.release()
+
+
 def test_runs_of_every_executor_count_and_fixed_claims_stay() -> None:
-    limits = _threads.ThreadLimits(cores=8)
+    clock = Clock()
+    limits = _threads.ThreadLimits(cores=8, clock=clock)
     two_streams = limits.acquire(4, streams=2, shared=True)
     other = limits.acquire(8, streams=1, shared=True)
     fixed = limits.acquire(6, streams=1, shared=False)
@@ -48,10 +85,14 @@ def test_runs_of_every_executor_count_and_fixed_claims_stay() -> None:
         assert limits.threads == 4  # the smallest claim alone
         with two_streams.running(), other.running():
             assert limits.threads == 2  # 3 busy streams on 8 cores
+        clock.later()
         fixed.release()
         with other.running(), other.running(), other.running():
             assert limits.threads == 2  # 8 // 3
+        clock.later()
         with fixed.running():  # released: its runs no longer count
+            assert limits.threads == 2
+        with other.running():
             assert limits.threads == 4
     finally:
         two_streams.release()
@@ -75,7 +116,8 @@ def test_limits_apply_from_any_thread() -> None:
     before = blas_threads()
     if before < 2:
         pytest.skip("needs a BLAS pool of at least 2 threads")
-    limits = _threads.ThreadLimits(cores=before)
+    clock = Clock()
+    limits = _threads.ThreadLimits(cores=before, clock=clock)
     taken = threading.Event()
     done = threading.Event()
     leases: list[_threads.ThreadLease] = []
@@ -91,7 +133,9 @@ def test_limits_apply_from_any_thread() -> None:
         assert taken.wait(10)
         with leases[0].running(), leases[0].running():
             assert blas_threads() == max(1, before // 2)
-        assert blas_threads() == before
+        clock.later()
+        with leases[0].running():
+            assert blas_threads() == before
     finally:
         leases[0].release()
         done.set()
@@ -129,7 +173,7 @@ async def test_concurrent_runs_share_the_cores() -> None:
             for value in (1.0, 2.0):
                 tg.start_soon(lambda v=value: ex.run(x=np.full(4, v, np.float32)))
         assert seen == [max(1, cores // 2)] * 2
-        assert _threads.limits.threads == cores  # both runs ended
+        assert _threads.limits.wanted() == cores  # both runs ended
 
 
 @pytest.mark.anyio
