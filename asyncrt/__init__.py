@@ -19,6 +19,7 @@ from . import graph_executor as graph_executor
 from . import nd as nd
 from . import ops as ops
 from . import profiling as profiling
+from . import serving as serving
 from ._devices import cpu as cpu
 from ._devices import cuda as cuda
 from ._devices import sim as sim
@@ -34,6 +35,8 @@ from .ops._kernels import Module as Module
 from .ops._kernels import get_global_func as get_global_func
 from .ops._kernels import list_global_func_names as list_global_func_names
 from .ops._kernels import register_func as register_func
+from .serving import Batcher as Batcher
+from .serving import Padding as Padding
 from .tools._time_evaluator import BenchmarkResult as BenchmarkResult
 from .tools._time_evaluator import time_evaluator as time_evaluator
 
@@ -51,6 +54,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = (
     "AsyncrtError",
+    "Batcher",
     "BenchmarkResult",
     "Bindable",
     "Device",
@@ -58,6 +62,7 @@ __all__ = (
     "GraphExecutorFactory",
     "Module",
     "NDArray",
+    "Padding",
     "Stream",
     "__version__",
     "build",
@@ -78,6 +83,7 @@ __all__ = (
     "profiling",
     "register_func",
     "save_param_dict",
+    "serving",
     "sim",
     "time_evaluator",
 )

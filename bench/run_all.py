@@ -36,6 +36,12 @@ BENCHMARKS: tuple[tuple[str, tuple[str, ...], bool, bool], ...] = (
         False,
     ),
     ("bench_new_ops.py", ("--rounds", "1", "--min-time", "0.1"), False, False),
+    (
+        "bench_serving.py",
+        ("--rounds", "1", "--callers", "16", "--requests", "2"),
+        False,
+        False,
+    ),
     ("bench_placement.py", ("-n", "30"), False, False),
     ("bench_row_split.py", ("--workload", "W2", "--runs", "10"), False, True),
     ("bench_executor.py", ("--workload", "W1,W3,W4", "--rounds", "1"), True, True),

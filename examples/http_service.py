@@ -1,370 +1,440 @@
-"""A small HTTP inference service: many clients, one executor, no threads of
-its own and a loop that never blocks.
+"""A sentence-embedding service: an ASGI app (Starlette, served by uvicorn)
+in front of one asyncrt executor, every request batched with the others.
 
-Only the standard library's asyncio streams serve HTTP/1.1 (keep-alive,
-Content-Length bodies); every request is one ``await ex.run(x=...)`` on a
-shared :mod:`asyncrt` executor, whose pool of run contexts lets many requests
-run at once.
-
-    python examples/http_service.py --port 8080
+    pip install 'asyncrt[serve,onnx]'
+    python examples/http_service.py --model minilm.onnx --port 8080
     curl -s localhost:8080/health
-    curl -s -d '{"x": [0.1, 0.2, ...16 numbers...]}' localhost:8080/infer
+    curl -s -d '{"sentences": ["a first sentence", "and a second"]}' \\
+        localhost:8080/embed
 
-Endpoints:
+The model is a BERT-style encoder exported to ONNX with symbolic batch and
+sequence (inputs ``input_ids``, ``attention_mask``, ``token_type_ids``;
+first output ``last_hidden_state``), such as ``all-MiniLM-L6-v2`` exported
+by ``optimum-cli export onnx``. Without ``--model``, and run from a
+checkout of the repository, it serves the test suite's BERT-style encoder
+with random weights (``--demo-size tiny`` or ``minilm``): the embeddings
+mean nothing, the work is a real encoder's.
 
-* ``GET /health`` -> ``{"status": "ok", "contexts": ..., "in_flight": ...}``
-* ``POST /infer`` with ``{"x": [16 numbers]}`` -> ``{"y": [4 numbers]}``,
-  the softmax of a two-layer MLP (built in :func:`build_graph`, weights
-  from a fixed seed; :func:`reference` computes the same in numpy).
+Each sentence is one request of the :class:`asyncrt.Batcher`: sentences
+that arrive within ``--max-delay-ms`` of each other (from one HTTP request
+or many) run as one batch, padded to a length bucket (16, 32, 64, 128
+tokens) with the attention mask 0 where padded, so one executor holds a
+handful of plans. The embedding is the mean of ``last_hidden_state`` over
+the sentence's tokens, L2-normalised (as sentence-transformers pools
+MiniLM). ``--no-batching`` sends every sentence to ``ex.run`` on its own.
 
-Errors are JSON too: 400 for a malformed request or input, 404 for an
-unknown path, 405 for a wrong method, 413 for a body over ``--max-body``
-bytes, 431 for oversized headers, 500 if the run fails, 503 while shutting
-down. SIGINT or SIGTERM stop accepting connections, let requests in flight
-finish (up to ``--grace`` seconds), then close the executor.
+The tokenizer here is a stand-in (words hashed to ids between BERT's
+``[CLS]`` and ``[SEP]``): a real service uses the model's own (Hugging
+Face ``tokenizers``) and changes nothing else.
+
+Endpoints (JSON):
+
+* ``GET /health`` -> ``{"status": "ok" | "stopping", "batching": bool}``
+* ``POST /embed`` with ``{"sentences": [str, ...]}`` ->
+  ``{"embeddings": [[float, ...], ...], "dim": int}``
+* ``GET /stats`` -> the batcher's figures (requests, batch sizes, queue
+  delay and batch time percentiles) and the plan cache's.
+
+Errors are JSON too: 400 for a malformed request, 413 for a body over
+``--max-body`` bytes or more than ``--max-sentences`` sentences, 500 if
+the model fails (the node named), 503 while shutting down. SIGINT or
+SIGTERM stop the server (uvicorn): the requests in flight finish, the
+batcher runs what it holds, then the executor closes.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
+import hashlib
 import json
 import signal
+import socket
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 import asyncrt
 from asyncrt import graph_executor
-from asyncrt.errors import AsyncrtError, InputError
-from asyncrt.graph import Graph, GraphBuilder
+from asyncrt.errors import AsyncrtError, ClosedResourceError, InputError
 
-IN, HIDDEN, OUT = 16, 32, 4
-SEED = 2024
-MAX_BODY = 64 * 1024
-MAX_LINE = 8 * 1024
-MAX_HEADERS = 64
-REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    413: "Content Too Large",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
+NAMES = ("input_ids", "attention_mask", "token_type_ids")
+CLS, SEP, FIRST_WORD = 101, 102, 1000
+BUCKETS = (16, 32, 64, 128)
+MAX_BODY = 256 * 1024
+MAX_SENTENCES = 64
 
 
-# -- the model ---------------------------------------------------------------
+# -- the model -----------------------------------------------------------------
 
 
-def weights() -> dict[str, np.ndarray]:
-    """The model's parameters (fixed seed, so clients can check answers)."""
-    rng = np.random.default_rng(SEED)
-    return {
-        "w1": (rng.standard_normal((IN, HIDDEN)) / np.sqrt(IN)).astype(np.float32),
-        "b1": (rng.standard_normal(HIDDEN) * 0.1).astype(np.float32),
-        "w2": (rng.standard_normal((HIDDEN, OUT)) / np.sqrt(HIDDEN)).astype(np.float32),
-        "b2": (rng.standard_normal(OUT) * 0.1).astype(np.float32),
-    }
-
-
-def reference(x: np.ndarray) -> np.ndarray:
-    """What ``POST /infer`` answers for ``x`` (shape ``(16,)``), in numpy."""
-    p = weights()
-    h = np.maximum(x.astype(np.float32)[None, :] @ p["w1"] + p["b1"], 0)
-    z = h @ p["w2"] + p["b2"]
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
-    return (e / e.sum(axis=-1, keepdims=True))[0]
-
-
-def build_graph() -> Graph:
-    """x[1,16] -> matmul w1 -> + b1 -> relu -> matmul w2 -> + b2 -> softmax."""
-    b = GraphBuilder()
-    x = b.input("x", shape=(1, IN), dtype="float32")
-    w1 = b.param("w1", shape=(IN, HIDDEN), dtype="float32")
-    b1 = b.param("b1", shape=(HIDDEN,), dtype="float32")
-    w2 = b.param("w2", shape=(HIDDEN, OUT), dtype="float32")
-    b2 = b.param("b2", shape=(OUT,), dtype="float32")
-    f32 = "float32"
-    h = b.op("matmul", x, w1, shape=(1, HIDDEN), dtype=f32, name="fc1")
-    h = b.op("bias_add", h, b1, shape=(1, HIDDEN), dtype=f32, name="fc1_bias")
-    h = b.op("relu", h, shape=(1, HIDDEN), dtype=f32, name="relu")
-    z = b.op("matmul", h, w2, shape=(1, OUT), dtype=f32, name="fc2")
-    z = b.op("bias_add", z, b2, shape=(1, OUT), dtype=f32, name="fc2_bias")
-    b.output(b.op("softmax", z, shape=(1, OUT), dtype=f32, name="softmax"))
-    return b.build()
-
-
-def create_executor(
-    max_contexts: int = 8, processes: bool = False
-) -> graph_executor.GraphModule:
-    """The executor every request shares.
-
-    :param processes: run each context in a worker process (worth it for
-        graphs heavy enough that kernels would otherwise hold the event
-        loop's GIL for long; a tiny graph pays more in messages than it
-        saves).
-    """
-    # Requests run side by side: size the kernel pools for that, not for one
-    # run's latency (no R x cores BLAS threads on the cores).
-    ex = graph_executor.create(
-        build_graph(),
-        None,
-        "cpu",
-        max_contexts=max_contexts,
-        kernel_threads="throughput",
-        processes=processes,
-        worker_nice=10 if processes else 0,  # the loop preempts the workers
+def demo_model(size: str = "tiny") -> bytes:
+    """The test suite's BERT-style encoder (random weights), serialised:
+    ``"tiny"`` (2 layers, width 32) or ``"minilm"`` (MiniLM-L6's shape,
+    86 MB). Needs a checkout of the repository (it lives in ``tests/``)."""
+    root = Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from tests.asyncrt.frontend.symbolic_models import (
+        TINY,
+        BertConfig,
+        bert_encoder,
     )
-    ex.load_params(asyncrt.save_param_dict(weights()))
-    return ex
+
+    config = BertConfig() if size == "minilm" else TINY
+    return bytes(bert_encoder(config).SerializeToString())
 
 
-# -- HTTP --------------------------------------------------------------------
+def vocabulary_size(params: dict[str, np.ndarray]) -> int:
+    """The rows of the word embedding table (the parameter named so, as
+    exporters name BERT's; else the 2-D parameter with the most rows)."""
+    words = [p for n, p in params.items() if "word_embeddings" in n and p.ndim == 2]
+    tables = words or [p for p in params.values() if p.ndim == 2]
+    return max(t.shape[0] for t in tables) if tables else 30522
+
+
+class Tokenizer:
+    """A stand-in tokenizer: lower-cased words hashed to ids (stable across
+    runs), between ``[CLS]`` and ``[SEP]``, at most ``max_length`` ids.
+
+    :param vocab: the model's vocabulary size.
+    :param max_length: the most ids a sentence becomes.
+    """
+
+    def __init__(self, vocab: int, max_length: int = BUCKETS[-1]) -> None:
+        self.vocab = vocab
+        self.max_length = max_length
+        # BERT's ids where the vocabulary has them; a toy one's first ids else
+        self.cls, self.sep, self.first = (
+            (CLS, SEP, FIRST_WORD) if vocab > 2 * FIRST_WORD else (1, 2, 3)
+        )
+
+    def ids(self, sentence: str) -> list[int]:
+        """The ids of ``sentence``."""
+        span = max(1, self.vocab - self.first)
+        words = [
+            self.first
+            + int.from_bytes(hashlib.blake2b(w.encode(), digest_size=4).digest(), "big")
+            % span
+            for w in sentence.lower().split()
+        ]
+        return [self.cls, *words[: self.max_length - 2], self.sep]
+
+    def encode(self, sentence: str) -> dict[str, np.ndarray]:
+        """The model's inputs for one sentence (one row)."""
+        ids = np.array([self.ids(sentence)], dtype=np.int64)
+        return {
+            "input_ids": ids,
+            "attention_mask": np.ones_like(ids),
+            "token_type_ids": np.zeros_like(ids),
+        }
+
+
+def pool(hidden: np.ndarray) -> np.ndarray:
+    """Mean over the tokens (the request's own, padding trimmed), then
+    L2-normalised: one embedding per row."""
+    mean = hidden.mean(axis=1)
+    norm = np.linalg.norm(mean, axis=-1, keepdims=True)
+    return np.asarray(mean / np.maximum(norm, 1e-12), dtype=np.float32)
+
+
+# -- the service -----------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    """How the service runs.
+
+    :ivar model: an ONNX file or its bytes; ``None`` for the demo model.
+    :ivar demo_size: the demo model's size.
+    :ivar batching: batch sentences across requests.
+    :ivar max_batch: the batcher's ``max_batch``.
+    :ivar max_delay_ms: the batcher's ``max_delay_ms``.
+    :ivar max_contexts: the executor's ``max_contexts``.
+    :ivar max_body: the largest request body accepted, bytes.
+    :ivar max_sentences: the most sentences one request may embed.
+    """
+
+    model: str | bytes | None = None
+    demo_size: str = "tiny"
+    batching: bool = True
+    max_batch: int = 32
+    max_delay_ms: float = 2.0
+    max_contexts: int = 4
+    max_body: int = MAX_BODY
+    max_sentences: int = MAX_SENTENCES
 
 
 class HTTPError(Exception):
-    """An error answered to the client (and, if ``close``, the connection
-    is closed after it)."""
+    """An error answered to the client as ``{"error": ...}``."""
 
-    def __init__(self, status: int, message: str, *, close: bool = False) -> None:
+    def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-        self.close = close
 
 
-class Service:
-    """The HTTP front of one executor.
+class Embedder:
+    """An executor, its batcher and the tokenizer: sentences in, embeddings
+    out. Use it as an async context manager (it owns both).
 
-    :param ex: the executor.
-    :param max_body: the largest request body accepted, bytes.
+    :param settings: how it runs.
     """
 
-    def __init__(
-        self, ex: graph_executor.GraphModule, *, max_body: int = MAX_BODY
-    ) -> None:
-        self.ex = ex
-        self.max_body = max_body
-        self.in_flight = 0
-        self.stopping = False
-        self._connections: set[asyncio.Task[None]] = set()
+    def __init__(self, settings: Settings) -> None:
+        from asyncrt.frontend import from_onnx
 
-    async def handle(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """Serve one connection: requests one after another (keep-alive)."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        try:
-            while not self.stopping:
-                try:
-                    request = await self._read_request(reader)
-                except HTTPError as exc:
-                    await self._send(writer, exc.status, {"error": str(exc)}, True)
-                    return
-                if request is None:  # the client closed the connection
-                    return
-                method, path, headers, body = request
-                keep = headers.get("connection", "").lower() != "close"
-                status, answer = await self._route(method, path, body)
-                await self._send(writer, status, answer, not keep or self.stopping)
-                if not keep:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client went away mid-request
-        finally:
-            self._connections.discard(task)
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    async def _read_request(
-        self, reader: asyncio.StreamReader
-    ) -> tuple[str, str, dict[str, str], bytes] | None:
-        try:
-            line = await reader.readline()
-        except (asyncio.LimitOverrunError, ValueError) as exc:
-            raise HTTPError(431, "request line too long", close=True) from exc
-        if not line:
-            return None
-        parts = line.decode("latin-1").split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise HTTPError(400, "malformed request line", close=True)
-        method, target, _ = parts
-        headers: dict[str, str] = {}
-        while True:
-            try:
-                raw = await reader.readline()
-            except (asyncio.LimitOverrunError, ValueError) as exc:
-                raise HTTPError(431, "header line too long", close=True) from exc
-            if raw in (b"\r\n", b"\n", b""):
-                break
-            if len(headers) >= MAX_HEADERS:
-                raise HTTPError(431, "too many headers", close=True)
-            name, sep, value = raw.decode("latin-1").partition(":")
-            if not sep:
-                raise HTTPError(400, "malformed header", close=True)
-            headers[name.strip().lower()] = value.strip()
-        if "transfer-encoding" in headers:
-            raise HTTPError(400, "chunked bodies are not supported", close=True)
-        try:
-            length = int(headers.get("content-length", "0"))
-        except ValueError as exc:
-            raise HTTPError(400, "bad Content-Length", close=True) from exc
-        if length < 0:
-            raise HTTPError(400, "bad Content-Length", close=True)
-        if length > self.max_body:
-            raise HTTPError(
-                413, f"body of {length} bytes is over {self.max_body}", close=True
+        self.settings = settings
+        source = settings.model
+        graph, params = from_onnx(
+            demo_model(settings.demo_size) if source is None else source
+        )
+        self.tokenizer = Tokenizer(vocabulary_size(params))
+        self.ex = graph_executor.create(
+            graph, None, "cpu", params=params, max_contexts=settings.max_contexts
+        )
+        self.batcher: asyncrt.Batcher | None = None
+        if settings.batching:
+            self.batcher = asyncrt.Batcher(
+                self.ex,
+                batch_axes=dict.fromkeys(NAMES, 0),
+                max_batch=settings.max_batch,
+                max_delay_ms=settings.max_delay_ms,
+                padding=asyncrt.Padding(
+                    axes=dict.fromkeys(NAMES, 1),
+                    values=dict.fromkeys(NAMES, 0),
+                    trim={0: 1},  # last_hidden_state, back to each sentence
+                    buckets=BUCKETS,
+                ),
             )
-        body = await reader.readexactly(length) if length else b""
-        return method, target.split("?", 1)[0], headers, body
+        self.stopping = False
 
-    async def _route(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
-        try:
-            if path == "/health":
-                if method != "GET":
-                    raise HTTPError(405, "use GET /health")
-                return 200, {
-                    "status": "stopping" if self.stopping else "ok",
-                    "contexts": self.ex.pool.size,
-                    "in_flight": self.in_flight,
-                }
-            if path == "/infer":
-                if method != "POST":
-                    raise HTTPError(405, "use POST /infer")
-                if self.stopping:
-                    raise HTTPError(503, "shutting down")
-                return 200, await self._infer(body)
-            raise HTTPError(404, f"no such path: {path}")
-        except HTTPError as exc:
-            return exc.status, {"error": str(exc)}
+    async def __aenter__(self) -> Embedder:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self.ex)
+            if self.batcher is not None:
+                await stack.enter_async_context(self.batcher)
+            self._stack = stack.pop_all()
+        return self
 
-    async def _infer(self, body: bytes) -> dict[str, Any]:
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self.stopping = True
+        await self._stack.__aexit__(*exc_info)
+
+    async def embed_one(self, sentence: str) -> np.ndarray:
+        """The embedding of one sentence."""
+        inputs = self.tokenizer.encode(sentence)
+        if self.batcher is not None:
+            outputs = await self.batcher.run(**inputs)
+        else:
+            outputs = await self.ex.run(**inputs) or []
+        return pool(outputs[0].numpy())[0]
+
+    async def embed(self, sentences: Sequence[str]) -> np.ndarray:
+        """The embeddings of ``sentences``, each its own batcher request
+        (run concurrently, so they share batches with each other and with
+        other clients' sentences)."""
+        results: list[np.ndarray | None] = [None] * len(sentences)
+        errors: list[Exception] = []
+
+        async def one(index: int) -> None:
+            try:
+                results[index] = await self.embed_one(sentences[index])
+            except Exception as exc:  # the first one is the request's answer
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for index in range(len(sentences)):
+                tg.start_soon(one, index)
+        if errors:
+            raise errors[0]
+        return np.stack([r for r in results if r is not None])
+
+    def stats(self) -> dict[str, Any]:
+        """The batcher's and the plan cache's figures."""
+        cache = self.ex.plan_cache_stats()
+        return {
+            "batching": None
+            if self.batcher is None
+            else self.batcher.stats().to_dict(),
+            "plan_cache": None
+            if cache is None
+            else {
+                "plans": cache.size,
+                "max_plans": cache.max_plans,
+                "hits": cache.hits,
+                "misses": cache.misses,
+                "builds": cache.builds,
+            },
+        }
+
+
+def parse_sentences(body: bytes, limit: int) -> list[str]:
+    """The sentences of a ``/embed`` body.
+
+    :raises HTTPError: 400 if malformed, 413 if more than ``limit``.
+    """
+    try:
+        request = json.loads(body)
+    except ValueError as exc:
+        raise HTTPError(400, f"the body is not JSON: {exc}") from exc
+    sentences = request.get("sentences") if isinstance(request, dict) else None
+    if (
+        not isinstance(sentences, list)
+        or not sentences
+        or not all(isinstance(s, str) for s in sentences)
+    ):
+        raise HTTPError(400, 'expected {"sentences": ["a sentence", ...]}')
+    if len(sentences) > limit:
+        raise HTTPError(413, f"{len(sentences)} sentences; at most {limit}")
+    return sentences
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """The ASGI app. Its lifespan makes the executor and the batcher, and
+    closes them (after the batcher has run what it holds) on shutdown.
+
+    :param settings: how it runs (default :class:`Settings`).
+    """
+    settings = Settings() if settings is None else settings
+    state: dict[str, Embedder] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with Embedder(settings) as embedder:
+            state["embedder"] = embedder
+            yield
+        state.pop("embedder", None)
+
+    def embedder() -> Embedder:
+        found = state.get("embedder")
+        if found is None or found.stopping:
+            raise HTTPError(503, "shutting down")
+        return found
+
+    async def health(request: Request) -> JSONResponse:
+        found = state.get("embedder")
+        status = "ok" if found is not None and not found.stopping else "stopping"
+        return JSONResponse({"status": status, "batching": settings.batching})
+
+    async def embed(request: Request) -> JSONResponse:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body:
+            raise HTTPError(413, f"body of {length} bytes is over {settings.max_body}")
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > settings.max_body:
+                raise HTTPError(413, f"body over {settings.max_body} bytes")
+        sentences = parse_sentences(body, settings.max_sentences)
         try:
-            request = json.loads(body)
-            x = np.asarray(request["x"], dtype=np.float32).reshape(1, IN)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise HTTPError(400, f'expected {{"x": [{IN} numbers]}}: {exc}') from exc
-        if not np.isfinite(x).all():
-            raise HTTPError(400, "x must be finite")
-        self.in_flight += 1
-        try:
-            outputs = await self.ex.run(x=x)
+            embeddings = await embedder().embed(sentences)
         except InputError as exc:
             raise HTTPError(400, str(exc)) from exc
-        except AsyncrtError as exc:
+        except ClosedResourceError as exc:
+            raise HTTPError(503, "shutting down") from exc
+        except AsyncrtError as exc:  # a kernel failed: NodeFailedError names it
             raise HTTPError(500, f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            self.in_flight -= 1
-        assert outputs is not None
-        return {"y": outputs[0].numpy()[0].tolist()}
-
-    async def _send(
-        self, writer: asyncio.StreamWriter, status: int, answer: Any, close: bool
-    ) -> None:
-        payload = json.dumps(answer).encode()
-        head = (
-            f"HTTP/1.1 {status} {REASONS[status]}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\n"
-            f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
+        return JSONResponse(
+            {"embeddings": embeddings.tolist(), "dim": int(embeddings.shape[1])}
         )
-        writer.write(head.encode("latin-1") + payload)
-        await writer.drain()
 
-    async def drain(self, grace: float) -> None:
-        """Stop taking requests; wait up to ``grace`` seconds for requests
-        in flight, then drop the idle connections."""
-        self.stopping = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        while self.in_flight and loop.time() < deadline:
-            await asyncio.sleep(0.01)
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+    async def stats(request: Request) -> JSONResponse:
+        return JSONResponse(embedder().stats())
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        status = exc.status if isinstance(exc, HTTPError) else 500
+        return JSONResponse({"error": str(exc)}, status_code=status)
+
+    return Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/embed", embed, methods=["POST"]),
+            Route("/stats", stats, methods=["GET"]),
+        ],
+        exception_handlers={HTTPError: http_error},
+        lifespan=lifespan,
+    )
 
 
-async def serve(
+# -- serving -----------------------------------------------------------------
+
+
+def serve(
+    settings: Settings,
     host: str = "127.0.0.1",
     port: int = 8080,
     *,
-    stop: asyncio.Event | None = None,
     on_ready: Callable[[str, int], None] | None = None,
-    max_contexts: int = 8,
-    max_body: int = MAX_BODY,
-    grace: float = 5.0,
-    processes: bool = False,
 ) -> None:
-    """Serve until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is not
-    given); then shut down gracefully.
+    """Serve until SIGINT or SIGTERM (uvicorn's handlers), then shut down
+    gracefully.
 
     :param on_ready: called with the host and the bound port (useful with
-        ``port=0``).
+        ``port=0``), once the socket is bound.
     """
-    stop = asyncio.Event() if stop is None else stop
-    loop = asyncio.get_running_loop()
-    signals: list[signal.Signals] = []
-    if sys.platform != "win32":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(RuntimeError, ValueError):  # not main thread
-                loop.add_signal_handler(sig, stop.set)
-                signals.append(sig)
-    async with create_executor(max_contexts, processes) as ex:
-        service = Service(ex, max_body=max_body)
-        server = await asyncio.start_server(service.handle, host, port, limit=MAX_LINE)
-        bound = server.sockets[0].getsockname()
-        if on_ready is not None:
-            on_ready(bound[0], bound[1])
-        try:
-            await stop.wait()
-        finally:
-            server.close()
-            await service.drain(grace)
-            await server.wait_closed()
-            for sig in signals:
-                loop.remove_signal_handler(sig)
-    # leaving `async with` closed the executor: its threads are gone
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)  # connections wait in the backlog while the model loads
+    if on_ready is not None:
+        on_ready(host, sock.getsockname()[1])
+    config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on")
+    # uvicorn shuts down on SIGINT/SIGTERM, then raises the signal again for
+    # the handler it found: a quiet one lets this function return instead.
+    previous = {sig: signal.signal(sig, _stopped) for sig in STOP_SIGNALS}
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stopped(signum: int, frame: object) -> None:
+    """The signal uvicorn raises again once it has shut down: done."""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", help="a BERT-style encoder (.onnx)")
+    ap.add_argument("--demo-size", choices=("tiny", "minilm"), default="tiny")
     ap.add_argument("--host", default="127.0.0.1", help="loopback by default")
     ap.add_argument("--port", type=int, default=8080, help="0 picks a free one")
-    ap.add_argument("--contexts", type=int, default=8, help="runs in flight")
+    ap.add_argument("--no-batching", action="store_true")
+    ap.add_argument("--max-batch", type=int, default=32)
+    ap.add_argument("--max-delay-ms", type=float, default=2.0)
+    ap.add_argument("--contexts", type=int, default=4, help="runs in flight")
     ap.add_argument("--max-body", type=int, default=MAX_BODY)
-    ap.add_argument("--grace", type=float, default=5.0)
-    ap.add_argument("--uvloop", action="store_true", help="run on uvloop")
-    ap.add_argument(
-        "--processes", action="store_true", help="run contexts in worker processes"
-    )
+    ap.add_argument("--max-sentences", type=int, default=MAX_SENTENCES)
     args = ap.parse_args()
+    settings = Settings(
+        model=args.model,
+        demo_size=args.demo_size,
+        batching=not args.no_batching,
+        max_batch=args.max_batch,
+        max_delay_ms=args.max_delay_ms,
+        max_contexts=args.contexts,
+        max_body=args.max_body,
+        max_sentences=args.max_sentences,
+    )
 
     def ready(host: str, port: int) -> None:
         print(f"listening on http://{host}:{port}", flush=True)
 
-    coro = serve(
-        args.host,
-        args.port,
-        on_ready=ready,
-        max_contexts=args.contexts,
-        max_body=args.max_body,
-        grace=args.grace,
-        processes=args.processes,
-    )
-    if args.uvloop:
-        import uvloop
-
-        uvloop.run(coro)
-    else:
-        asyncio.run(coro)
+    serve(settings, args.host, args.port, on_ready=ready)
     print("stopped", flush=True)
 
 

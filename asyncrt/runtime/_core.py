@@ -478,7 +478,8 @@ class ExecutorCore(Guards):
         self._check_all_set(context)
         self._stateful_busy = True
         try:
-            context.program.run_sync()
+            with _threads.running(self._resources.lease):
+                context.program.run_sync()
         except NodeFailedError as exc:
             raise _out_of_memory(exc) from exc.__cause__
         finally:
@@ -501,7 +502,8 @@ class ExecutorCore(Guards):
 
     async def _run_program(self, program: Program | ProcessProgram) -> None:
         try:
-            await program.run()
+            with _threads.running(self._resources.lease):  # shares the cores
+                await program.run()
         except NodeFailedError as exc:
             raise _out_of_memory(exc) from exc.__cause__
         except ClosedResourceError as exc:

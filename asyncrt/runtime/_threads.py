@@ -12,20 +12,39 @@ every such pool gets ``T = max(1, C // S)`` threads, ``C`` being the cores
 this process may run on (``os.sched_getaffinity``). With several executors
 open, the smallest ``T`` asked for wins (the most parallel configuration
 decides), so none of them oversubscribes. Limits are applied when an
-executor is created and restored when the last one is closed: never per
-kernel call. BLAS and OpenMP pools are set through threadpoolctl, numexpr's
-through ``numexpr.set_num_threads`` (if it is installed); fused kernels read
+executor is created (and, for ``"auto"``, when the runs in flight change:
+below) and restored when the last one is closed: never per kernel call.
+BLAS and OpenMP pools are set through threadpoolctl, numexpr's through
+``numexpr.set_num_threads`` (if it is installed); fused kernels read
 :attr:`ThreadLimits.threads` when they split their work.
 
-**Services.** ``"auto"`` favours one run's latency: it assumes one run at a
-time. An executor that serves ``R`` concurrent runs (``max_contexts=R``)
-puts up to ``S * R`` streams on the cores at once, each running its own
-kernels; ``kernel_threads="throughput"`` sizes the pools for that:
+**Runs in flight.** ``"auto"`` shares the cores among the runs in flight:
+a run alone gets ``C // S`` threads per pool (one run's latency), and while
+runs are in flight process-wide on ``B`` cpu streams in all (``S`` per run
+of each executor) every ``"auto"`` executor's pools shrink to
+``max(1, C // B)``, and grow back as runs end. So any number of concurrent
+callers get at least one caller's throughput: on 2 cores, 4 contexts of a
+MiniLM-size encoder with 2 BLAS threads each would put 8 threads on 2 cores
+(OpenBLAS serializes concurrent multithreaded calls, and its threads spin
+while they wait), and served half the requests per second that one caller
+at a time got. The executor core counts its runs
+(:meth:`ThreadLease.running`); a change costs one call per library into
+its thread API, made only when the number changes. The pools shrink at
+once but grow back only once runs have not overlapped for
+:data:`GROW_BACK_SECONDS`: after a multithreaded call OpenBLAS's helper
+threads spin for a while (about 0.1 s by default) before they sleep, so
+growing back between the runs of a busy service (a batch that runs alone
+for a moment) would wake them to spin beside the single-threaded runs (a
+batcher's two concurrent batches of a MiniLM-size encoder ran 30% slower
+so). numexpr's pool is not
+resized per run (numexpr rebuilds its threads to resize): it keeps the
+threads of one run alone.
+
+**Services.** ``kernel_threads="throughput"`` sizes the pools for
+``R = max_contexts`` runs at once, whether they come or not:
 ``T = max(1, C // (S * R))`` (as ONNX Runtime servers set
-``intra_op_num_threads=1`` and run sessions side by side). On two cores and
-W3 (the MLP), 2 contexts with ``"auto"`` put 4 BLAS threads on 2 cores and
-serve fewer requests per second than one context does; with
-``"throughput"`` they serve more.
+``intra_op_num_threads=1`` and run sessions side by side); a run alone is
+then slower than with ``"auto"``.
 
 **Override.** ``graph_executor.create(..., kernel_threads=N)`` asks for ``N``
 threads instead of the policy's; ``kernel_threads="keep"`` leaves every pool
@@ -36,12 +55,15 @@ pools to its number, up or down).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import threadpoolctl
@@ -50,6 +72,7 @@ from devices import get_api
 from scheduler.plan import Copy, Launch, Plan
 
 __all__ = (
+    "GROW_BACK_SECONDS",
     "ThreadLease",
     "ThreadLimits",
     "available_cores",
@@ -58,6 +81,7 @@ __all__ = (
     "limits",
     "policy_threads",
     "run_parts",
+    "running",
 )
 
 
@@ -99,73 +123,222 @@ class ThreadLease:
     """One executor's claim on the kernel thread pools; see
     :meth:`ThreadLimits.acquire`.
 
-    :ivar threads: the threads this lease asked for.
+    :ivar threads: the threads this lease asks for while no run is in flight.
+    :ivar shared: whether it shares the cores with the runs in flight.
     """
 
-    def __init__(self, owner: ThreadLimits, key: int, threads: int) -> None:
+    def __init__(
+        self, owner: ThreadLimits, key: int, threads: int, shared: bool
+    ) -> None:
         self._owner = owner
         self._key = key
         self.threads = threads
+        self.shared = shared
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Count one run of this lease's executor as in flight while the
+        block runs (thread-safe; the pools are resized if their share
+        changes)."""
+        self._owner._runs(self._key, 1)
+        try:
+            yield
+        finally:
+            self._owner._runs(self._key, -1)
 
     def release(self) -> None:
         """Give the claim back (idempotent); the limits are recomputed."""
         self._owner._release(self._key)
 
 
+@contextlib.contextmanager
+def running(lease: ThreadLease | None) -> Iterator[None]:
+    """:meth:`ThreadLease.running` of ``lease``, or nothing without one."""
+    if lease is None:
+        yield
+    else:
+        with lease.running():
+            yield
+
+
+@dataclass
+class _Claim:
+    threads: int  # alone (no run in flight)
+    streams: int  # cpu compute streams a run of its executor keeps busy
+    shared: bool
+    runs: int = 0
+
+
+#: Seconds without overlapping runs before shared pools grow back.
+GROW_BACK_SECONDS = 0.5
+
+
 class ThreadLimits:
     """The process-wide thread limits of the kernel pools (see the module
-    docstring); use the shared instance :data:`limits`."""
+    docstring); use the shared instance :data:`limits`.
 
-    def __init__(self) -> None:
+    :param cores: the cores to share; default :func:`available_cores`.
+    :param clock: the time, in seconds (tests pass their own).
+    """
+
+    def __init__(
+        self, cores: int | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._lock = threading.Lock()
-        self._leases: dict[int, int] = {}
+        self._cores = cores
+        self._clock = clock
+        self._shared_at = -float("inf")  # when runs last shared the pools
+        self._claims: dict[int, _Claim] = {}
         self._next = 0
-        self._restore: list[Callable[[], object]] = []
+        self._pools = _Pools()
         self._applied: int | None = None
+        self._numexpr_applied: int | None = None
         #: Threads a fused kernel may split its work over (1 when no lease).
         self.threads = 1
 
-    def acquire(self, threads: int) -> ThreadLease:
+    def acquire(
+        self, threads: int, *, streams: int = 1, shared: bool = False
+    ) -> ThreadLease:
         """Claim ``threads`` threads per pool until the lease is released.
 
-        :param threads: the threads asked for (>= 1).
+        :param threads: the threads asked for while no run is in flight
+            (>= 1).
+        :param streams: the cpu compute streams one run keeps busy (>= 0).
+        :param shared: give threads up while runs are in flight: at most
+            ``max(1, cores // B)``, ``B`` the streams of every run in flight.
         :return: the lease.
-        :raises ValueError: if ``threads`` < 1.
+        :raises ValueError: if ``threads`` < 1 or ``streams`` < 0.
         """
         if threads < 1:
             raise ValueError(f"kernel threads must be >= 1, got {threads}")
+        if streams < 0:
+            raise ValueError(f"streams must be >= 0, got {streams}")
+        # Looking for the libraries takes about a millisecond: not under the
+        # lock that runs starting on the event loop take.
+        libraries = threadpoolctl.ThreadpoolController().lib_controllers
         with self._lock:
             key = self._next
             self._next += 1
-            self._leases[key] = threads
-            self._apply()
-        return ThreadLease(self, key, threads)
+            self._claims[key] = _Claim(threads, streams, shared)
+            if self._pools.add(libraries):  # loaded since: limit them too
+                self._applied = None
+            self._apply(numexpr=True)
+        return ThreadLease(self, key, threads, shared)
 
     def _release(self, key: int) -> None:
         with self._lock:
-            if self._leases.pop(key, None) is not None:
-                self._apply()
+            if self._claims.pop(key, None) is not None:
+                self._apply(numexpr=True)
 
-    def _apply(self) -> None:
-        wanted = min(self._leases.values()) if self._leases else None
-        if wanted == self._applied:
+    def _runs(self, key: int, change: int) -> None:
+        with self._lock:
+            claim = self._claims.get(key)
+            if claim is not None:  # else released while the run was in flight
+                claim.runs += change
+                self._apply(numexpr=False)
+
+    def wanted(self) -> int | None:
+        """The threads per pool the claims ask for now, or ``None`` for none
+        (the pools may stay smaller for :data:`GROW_BACK_SECONDS`)."""
+        if not self._claims:
+            return None
+        busy = sum(c.streams * c.runs for c in self._claims.values())
+        share = max(1, (self._cores or available_cores()) // busy) if busy else None
+        return min(
+            min(c.threads, share) if c.shared and share is not None else c.threads
+            for c in self._claims.values()
+        )
+
+    def _apply(self, *, numexpr: bool) -> None:
+        wanted = self.wanted()
+        if wanted is not None and self._applied is not None:
+            now = self._clock()
+            sharing = wanted < min(c.threads for c in self._claims.values())
+            if wanted > self._applied and now - self._shared_at < GROW_BACK_SECONDS:
+                wanted = self._applied  # runs overlapped just now: stay shared
+            if sharing:
+                self._shared_at = now
+        if wanted != self._applied:
+            if wanted is None:
+                self._pools.restore()
+            else:
+                self._pools.limit(wanted)
+            self.threads = 1 if wanted is None else wanted
+            self._applied = wanted
+        if numexpr:  # sized for one run alone: see the module docstring
+            single = min((c.threads for c in self._claims.values()), default=None)
+            if single != self._numexpr_applied:
+                self._pools.limit_numexpr(single)
+                self._numexpr_applied = single
+
+
+class _Pools:
+    """The native thread pools (threadpoolctl's libraries and numexpr), each
+    set straight through its library's call, and their sizes from before
+    the first limit (restored when the last lease goes)."""
+
+    def __init__(self) -> None:
+        self._libraries: dict[str, Any] = {}  # path -> threadpoolctl controller
+        self._original: dict[str, int] = {}
+        self._numexpr_original: int | None = None
+
+    def add(self, libraries: Sequence[Any]) -> bool:
+        """Take threadpoolctl's controllers of the libraries loaded now.
+
+        :return: whether there are new ones.
+        """
+        found = False
+        for library in libraries:
+            if library.filepath not in self._libraries:
+                self._libraries[library.filepath] = library
+                self._original[library.filepath] = library.num_threads
+                found = True
+        return found
+
+    def limit(self, threads: int) -> None:
+        for library in self._libraries.values():
+            _set_library_threads(library, threads)
+
+    def restore(self) -> None:
+        for path, library in self._libraries.items():
+            _set_library_threads(library, self._original[path])
+        self._libraries.clear()
+        self._original.clear()
+
+    def limit_numexpr(self, threads: int | None) -> None:
+        if threads is None:
+            if self._numexpr_original is not None:
+                _set_numexpr_threads(self._numexpr_original)
+                self._numexpr_original = None
             return
-        if wanted is None:
-            for restore in reversed(self._restore):
-                restore()
-            self._restore.clear()
-            self.threads = 1
-        else:
-            limiter = threadpoolctl.threadpool_limits(limits=wanted)
-            numexpr_before = _set_numexpr_threads(wanted)
-            if not self._restore:  # the first limits keep the originals
-                self._restore.append(limiter.restore_original_limits)
-                if numexpr_before is not None:
-                    self._restore.append(
-                        functools.partial(_set_numexpr_threads, numexpr_before)
-                    )
-            self.threads = wanted
-        self._applied = wanted
+        before = _set_numexpr_threads(threads)
+        if self._numexpr_original is None:
+            self._numexpr_original = before
+
+
+#: threadpoolctl 3.8 lets one Python thread at a time set a pthreads
+#: OpenBLAS's pool, and ignores the others; the limits here change from any
+#: thread (serialized by their lock), so each change takes control and
+#: gives it back.
+_CONTROLLING_THREAD = tuple(
+    int(part) for part in threadpoolctl.__version__.split(".")[:2]
+) >= (3, 8)
+
+
+def _set_library_threads(library: Any, threads: int) -> None:
+    if _CONTROLLING_THREAD and isinstance(library, threadpoolctl.OpenBLASController):
+        threadpoolctl.OpenBLASController.clear_controlling_thread(force=True)
+        try:
+            library.set_num_threads(threads)
+        finally:
+            threadpoolctl.OpenBLASController.clear_controlling_thread()
+    else:
+        library.set_num_threads(threads)
+
+
+@functools.cache
+def _has_numexpr() -> bool:
+    return importlib.util.find_spec("numexpr") is not None
 
 
 def _set_numexpr_threads(threads: int) -> int | None:
@@ -173,7 +346,7 @@ def _set_numexpr_threads(threads: int) -> int | None:
 
     :return: its old size, or ``None`` without numexpr.
     """
-    if importlib.util.find_spec("numexpr") is None:
+    if not _has_numexpr():
         return None
     import numexpr
 
@@ -243,13 +416,16 @@ def lease_for(
     """The lease an executor takes for its configuration.
 
     :param cpu_streams: the cpu compute streams of its plan.
-    :param kernel_threads: ``"auto"`` (the latency policy:
-        ``max(1, C // S)``) or ``"throughput"`` (``max(1, C // (S * R))``),
-        neither of which takes a lease without cpu streams; ``"keep"`` (no
-        lease: pools untouched); or a number of threads.
+    :param kernel_threads: ``"auto"`` (``max(1, C // S)`` for a run alone,
+        shared among the runs in flight) or ``"throughput"``
+        (``max(1, C // (S * R))``), neither of which takes a lease without
+        cpu streams; ``"keep"`` (no lease: pools untouched); or a number of
+        threads.
     :param concurrent_runs: ``R``, the runs that may be in flight at once.
     :return: the lease, or ``None``.
     :raises ValueError: for any other ``kernel_threads``.
     """
     threads = threads_for(cpu_streams, kernel_threads, concurrent_runs)
-    return limits.acquire(threads) if isinstance(threads, int) else None
+    if not isinstance(threads, int):
+        return None
+    return limits.acquire(threads, streams=cpu_streams, shared=kernel_threads == "auto")

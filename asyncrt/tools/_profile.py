@@ -14,6 +14,10 @@ kernel's name; kernels configured by attributes are named by a digest
 (``group=1 pads=1,1,1,1 strides=1,1``) beside the type instead. It prints
 as a text table, sorts by any column, and exports to JSON and CSV. Times
 are in seconds in the data and the exports, microseconds in the text table.
+A report of an executor served through a :class:`~asyncrt.serving.Batcher`
+can carry the batcher's figures (:meth:`ProfileReport.with_batching`:
+batch sizes, queue delay and batch time percentiles), printed after the
+tables and exported under ``"batching"``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from scheduler.dag import Entry
 from scheduler.plan import Launch, Plan
@@ -33,6 +37,9 @@ from scheduler.trace import RunTrace
 from ..errors import ArgumentError
 from ..graph import Graph
 from ..ops import OP_ATTRS_ATTR, OP_NAME_ATTR
+
+if TYPE_CHECKING:
+    from ..serving import BatchStats
 
 __all__ = (
     "SORT_KEYS",
@@ -224,6 +231,8 @@ class ProfileReport:
     :param run_time: the mean wall time of a run (issue to last stream).
     :param total: the sum of every node's time (default: of ``nodes``; a
         report cut to its first lines keeps the whole run's).
+    :param batching: the figures of the batcher that served the runs, or
+        ``None``.
     """
 
     def __init__(
@@ -232,6 +241,7 @@ class ProfileReport:
         runs: int,
         run_time: float,
         total: float | None = None,
+        batching: BatchStats | None = None,
     ) -> None:
         self.nodes = tuple(nodes)
         self.runs = runs
@@ -239,6 +249,14 @@ class ProfileReport:
         #: The sum of the nodes' mean device times, seconds: the busy time of
         #: all streams together (concurrent streams make a run shorter).
         self.total = sum(n.time for n in self.nodes) if total is None else total
+        #: The figures of the batcher that served the runs, if given.
+        self.batching = batching
+
+    def with_batching(self, stats: BatchStats) -> ProfileReport:
+        """The same report with a batcher's figures
+        (``batcher.stats()``): printed after the tables, exported under
+        ``"batching"``."""
+        return ProfileReport(self.nodes, self.runs, self.run_time, self.total, stats)
 
     @classmethod
     def from_runs(
@@ -345,7 +363,7 @@ class ProfileReport:
             )
         reverse = key == "time" if descending is None else descending
         nodes = sorted(self.nodes, key=_NODE_SORT[key], reverse=reverse)
-        return ProfileReport(nodes, self.runs, self.run_time, self.total)
+        return ProfileReport(nodes, self.runs, self.run_time, self.total, self.batching)
 
     def by_op(self) -> tuple[GroupProfile, ...]:
         """Times summed per operator type (:attr:`NodeProfile.kind`),
@@ -390,7 +408,7 @@ class ProfileReport:
         """The first ``count`` lines (after sorting by time, the slowest);
         shares stay parts of the whole run's time."""
         nodes = self.nodes[: max(count, 0)]
-        return ProfileReport(nodes, self.runs, self.run_time, self.total)
+        return ProfileReport(nodes, self.runs, self.run_time, self.total, self.batching)
 
     # -- output ------------------------------------------------------------------
 
@@ -432,13 +450,16 @@ class ProfileReport:
         )
 
     def __str__(self) -> str:
-        return "\n\n".join(
-            (self.table("node"), self.table("op"), self.table("device"), self.summary())
-        )
+        parts = [self.table("node"), self.table("op"), self.table("device")]
+        parts.append(self.summary())
+        if self.batching is not None:
+            parts.append("Batching\n" + self.batching.summary())
+        return "\n\n".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as plain data (seconds)."""
-        return {
+        """The report as plain data (seconds; the batching figures, if any,
+        in milliseconds as :meth:`BatchStats.to_dict` gives them)."""
+        data: dict[str, Any] = {
             "runs": self.runs,
             "run_time": self.run_time,
             "total": self.total,
@@ -446,6 +467,9 @@ class ProfileReport:
             "by_op": [g.to_dict() for g in self.by_op()],
             "by_device": [g.to_dict() for g in self.by_device()],
         }
+        if self.batching is not None:
+            data["batching"] = self.batching.to_dict()
+        return data
 
     def to_json(self, indent: int | None = 2) -> str:
         """The report as JSON text (seconds)."""

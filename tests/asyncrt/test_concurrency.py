@@ -4,14 +4,10 @@ stateful API's misuse errors, and failures injected into random nodes."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import importlib.util
-import json
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -444,85 +440,3 @@ async def test_a_failure_stops_the_other_streams_of_its_run() -> None:
             await ex.run(x=np.ones(N, np.float32))
         assert isinstance(info.value.__cause__, RuntimeError)
         assert calls < 300  # the busy stream stopped at a check
-
-
-# -- the HTTP example, in-process ------------------------------------------------
-
-
-def load_example(name: str) -> Any:
-    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-async def http(
-    port: int, method: str, path: str, body: bytes = b""
-) -> tuple[int, dict[str, Any]]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(
-            f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        await writer.drain()
-        raw = await reader.read()
-    finally:
-        writer.close()
-        await writer.wait_closed()
-    head, _, payload = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(payload)
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@pytest.mark.parametrize("processes", [False, True])
-async def test_http_service_answers_and_rejects(processes: bool) -> None:
-    service = load_example("http_service")
-    stop = asyncio.Event()
-    bound: list[int] = []
-    server = asyncio.ensure_future(
-        service.serve(
-            "127.0.0.1",
-            0,
-            stop=stop,
-            on_ready=lambda h, p: bound.append(p),
-            max_body=4096,
-            max_contexts=2,
-            processes=processes,
-        )
-    )
-    try:
-        while not bound:
-            assert not server.done(), server.exception()
-            await asyncio.sleep(0.001)
-        port = bound[0]
-        status, answer = await http(port, "GET", "/health")
-        assert (status, answer["status"]) == (200, "ok")
-        rng = np.random.default_rng(5)
-        xs = [rng.standard_normal(service.IN).astype(np.float32) for _ in range(20)]
-        answers = await asyncio.gather(
-            *[
-                http(port, "POST", "/infer", json.dumps({"x": x.tolist()}).encode())
-                for x in xs
-            ]
-        )
-        for x, (status, answer) in zip(xs, answers, strict=True):
-            assert status == 200
-            np.testing.assert_allclose(answer["y"], service.reference(x), rtol=1e-5)
-        status, answer = await http(port, "POST", "/infer", b"{not json")
-        assert status == 400 and "expected" in answer["error"]
-        status, _ = await http(port, "POST", "/infer", b'{"x": [1, 2, 3]}')
-        assert status == 400
-        status, _ = await http(port, "GET", "/nowhere")
-        assert status == 404
-        status, _ = await http(port, "GET", "/infer")
-        assert status == 405
-        status, answer = await http(port, "POST", "/infer", b"0" * 5000)
-        assert status == 413 and "over 4096" in answer["error"]
-    finally:
-        stop.set()
-        await server

@@ -1,0 +1,190 @@
+"""The kernel thread budget shared among the runs in flight (``"auto"``):
+a run alone gets every core, concurrent runs share them."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import numpy as np
+import pytest
+import threadpoolctl
+
+import asyncrt
+from asyncrt import graph_executor
+from asyncrt.graph import Graph, GraphBuilder
+from asyncrt.runtime import _threads as _threads
+
+
+def blas_threads() -> int:
+    info = threadpoolctl.threadpool_info()
+    return min(lib["num_threads"] for lib in info) if info else 0
+
+
+class Clock:
+    """A clock the test moves (past the grow-back delay)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def later(self) -> None:
+        self.now += _threads.GROW_BACK_SECONDS + 0.1
+
+
+def test_shared_claims_shrink_while_runs_are_in_flight() -> None:
+    clock = Clock()
+    limits = _threads.ThreadLimits(cores=8, clock=clock)
+    lease = limits.acquire(8, streams=1, shared=True)
+    try:
+        assert limits.threads == 8
+        with lease.running():
+            assert limits.threads == 8  # a run alone keeps every core
+            with lease.running():
+                assert limits.threads == 4
+                with lease.running(), lease.running():
+                    assert limits.threads == 2
+            assert limits.wanted() == 8
+            assert limits.threads == 2  # runs overlapped just now
+        clock.later()
+        with lease.running():
+            assert limits.threads == 8  # alone, long after the overlap
+        assert limits.threads == 8
+    finally:
+        lease.release()
+    assert limits.threads == 1
+
+
+def test_shared_pools_grow_back_only_after_a_quiet_spell() -> None:
+    clock = Clock()
+    limits = _threads.ThreadLimits(cores=4, clock=clock)
+    lease = limits.acquire(4, streams=1, shared=True)
+    try:
+        for _ in range(3):  # a busy service: a run alone between overlaps
+            with lease.running(), lease.running():
+                assert limits.threads == 2
+            with lease.running():
+                assert limits.threads == 2
+            clock.now += _threads.GROW_BACK_SECONDS / 4
+        clock.later()
+        with lease.running():
+            assert limits.threads == 4
+    finally:
+        lease.release()
+
+
+def test_runs_of_every_executor_count_and_fixed_claims_stay() -> None:
+    clock = Clock()
+    limits = _threads.ThreadLimits(cores=8, clock=clock)
+    two_streams = limits.acquire(4, streams=2, shared=True)
+    other = limits.acquire(8, streams=1, shared=True)
+    fixed = limits.acquire(6, streams=1, shared=False)
+    try:
+        assert limits.threads == 4  # the smallest claim alone
+        with two_streams.running(), other.running():
+            assert limits.threads == 2  # 3 busy streams on 8 cores
+        clock.later()
+        fixed.release()
+        with other.running(), other.running(), other.running():
+            assert limits.threads == 2  # 8 // 3
+        clock.later()
+        with fixed.running():  # released: its runs no longer count
+            assert limits.threads == 2
+        with other.running():
+            assert limits.threads == 4
+    finally:
+        two_streams.release()
+        other.release()
+
+
+def test_a_run_that_outlives_its_lease_is_harmless() -> None:
+    limits = _threads.ThreadLimits(cores=4)
+    lease = limits.acquire(4, streams=1, shared=True)
+    with lease.running():
+        lease.release()
+        assert limits.threads == 1
+    assert limits.threads == 1
+    assert limits.wanted() is None
+
+
+def test_limits_apply_from_any_thread() -> None:
+    """threadpoolctl >= 3.8 lets one Python thread set OpenBLAS's pool; a
+    lease taken on another thread (a plan built off the event loop) must
+    not leave the later changes without effect."""
+    before = blas_threads()
+    if before < 2:
+        pytest.skip("needs a BLAS pool of at least 2 threads")
+    clock = Clock()
+    limits = _threads.ThreadLimits(cores=before, clock=clock)
+    taken = threading.Event()
+    done = threading.Event()
+    leases: list[_threads.ThreadLease] = []
+
+    def hold() -> None:  # stays alive while the main thread changes limits
+        leases.append(limits.acquire(before, streams=1, shared=True))
+        taken.set()
+        done.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert taken.wait(10)
+        with leases[0].running(), leases[0].running():
+            assert blas_threads() == max(1, before // 2)
+        clock.later()
+        with leases[0].running():
+            assert blas_threads() == before
+    finally:
+        leases[0].release()
+        done.set()
+        thread.join()
+    assert blas_threads() == before
+
+
+def _gated_graph() -> tuple[Graph, asyncrt.Module, threading.Barrier, list[int]]:
+    """One node whose kernel records the fused kernels' thread share once
+    two runs are inside it."""
+    barrier = threading.Barrier(2, timeout=10)
+    seen: list[int] = []
+
+    def gated(x: np.ndarray, out: np.ndarray) -> None:
+        barrier.wait()
+        seen.append(_threads.limits.threads)
+        barrier.wait()
+        np.copyto(out, x)
+
+    b = GraphBuilder()
+    x = b.input("x", shape=(4,), dtype="float32")
+    b.output(b.op("gated", x, shape=(4,), dtype="float32", name="g"))
+    return b.build(), asyncrt.Module({"gated": gated}), barrier, seen
+
+
+@pytest.mark.anyio
+async def test_concurrent_runs_share_the_cores() -> None:
+    graph, lib, _, seen = _gated_graph()
+    cores = _threads.available_cores()
+    async with graph_executor.create(graph, lib, "cpu", max_contexts=2) as ex:
+        lease = ex.core.thread_lease
+        assert lease is not None and lease.shared
+        assert _threads.limits.threads == cores
+        async with anyio.create_task_group() as tg:
+            for value in (1.0, 2.0):
+                tg.start_soon(lambda v=value: ex.run(x=np.full(4, v, np.float32)))
+        assert seen == [max(1, cores // 2)] * 2
+        assert _threads.limits.wanted() == cores  # both runs ended
+
+
+@pytest.mark.anyio
+async def test_throughput_and_counts_do_not_share() -> None:
+    graph, lib, _, seen = _gated_graph()
+    async with graph_executor.create(
+        graph, lib, "cpu", max_contexts=2, kernel_threads=3
+    ) as ex:
+        lease = ex.core.thread_lease
+        assert lease is not None and not lease.shared
+        async with anyio.create_task_group() as tg:
+            for value in (1.0, 2.0):
+                tg.start_soon(lambda v=value: ex.run(x=np.full(4, v, np.float32)))
+        assert seen == [3, 3]
