@@ -19,9 +19,9 @@ Runners:
   ``run_sync(x=...)`` (inputs in, outputs out as new arrays the caller
   owns, as ``sess.run``);
 * ``asyncrt-fused``: the same with ``fuse=True``;
-* ``asyncrt-t1``: the same with ``kernel_threads=1`` (one BLAS thread, as
-  ``ort-seq-t1``: on a host whose other core is busy, two BLAS threads
-  wait for each other);
+* ``asyncrt-t1`` / ``asyncrt-fused-t1``: the same with
+  ``kernel_threads=1`` (one BLAS thread, as ``ort-seq-t1``: on a host whose
+  other core is busy, two BLAS threads wait for each other);
 * ``asyncrt-cuda`` / ``asyncrt-cuda-fused``: the same on ``cuda:0`` (cupy
   kernels; fused chains as ``cupy.ElementwiseKernel``), outputs copied back
   to host arrays inside the timed call, as ONNX Runtime returns them;
@@ -71,6 +71,7 @@ RUNNERS = (
     "asyncrt",
     "asyncrt-fused",
     "asyncrt-t1",
+    "asyncrt-fused-t1",
 )
 #: Run in the peers' interpreter, and by default only where there is one.
 TVM_RUNNERS = ("tvm", "tvm-fused")
@@ -176,7 +177,7 @@ def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
             None,
             "cuda" if on_gpu else "cpu",
             params=params,
-            fuse=runner.endswith("-fused"),
+            fuse="-fused" in runner,
             **({"kernel_threads": 1} if runner.endswith("-t1") else {}),
         )
 

@@ -64,14 +64,21 @@ _TRANSCENDENTAL = _per_element(150.0)
 
 def _infix(label: str, operator: str) -> FusionTemplate:
     """A binary operator, spelt the same in numexpr and CUDA C."""
+    infix = f"({{0}} {operator} {{1}})"
+    return FusionTemplate(label, infix, infix, jit=infix)
+
+
+def _function(
+    name: str, cuda_c: str | None = None, jit: str | None = None
+) -> FusionTemplate:
+    """A function of one argument, ``name(x)`` (``cuda_c(x)`` in CUDA C,
+    ``jit(x)`` compiled, if given)."""
     return FusionTemplate(
-        label, f"({{0}} {operator} {{1}})", f"({{0}} {operator} {{1}})"
+        name,
+        f"{name}({{0}})",
+        f"{cuda_c or name}({{0}})",
+        jit=None if jit is None else f"{jit}({{0}})",
     )
-
-
-def _function(name: str, cuda_c: str | None = None) -> FusionTemplate:
-    """A function of one argument, ``name(x)`` (``cuda_c(x)`` in CUDA C)."""
-    return FusionTemplate(name, f"{name}({{0}})", f"{cuda_c or name}({{0}})")
 
 
 def _numpy_only(label: str) -> FusionTemplate:
@@ -95,12 +102,17 @@ for _name, _func, _flops, _fusion in (
         _TRANSCENDENTAL,
         FusionTemplate("pow", "({0} ** {1})", "pow({0}, {1})"),
     ),
-    ("negative", "negative", None, FusionTemplate("neg", "(-{0})", "(-{0})")),
+    (
+        "negative",
+        "negative",
+        None,
+        FusionTemplate("neg", "(-{0})", "(-{0})", jit="(-{0})"),
+    ),
     ("exp", "exp", _TRANSCENDENTAL, _function("exp")),
     ("log", "log", _TRANSCENDENTAL, _function("log")),
-    ("sqrt", "sqrt", None, _function("sqrt")),
-    ("tanh", "tanh", _TRANSCENDENTAL, _function("tanh")),
-    ("abs", "absolute", None, _function("abs", cuda_c="fabs")),
+    ("sqrt", "sqrt", None, _function("sqrt", jit="np.sqrt")),
+    ("tanh", "tanh", _TRANSCENDENTAL, _function("tanh", jit="tanh_")),
+    ("abs", "absolute", None, _function("abs", cuda_c="fabs", jit="abs")),
     # bias broadcast over the last axis
     ("bias_add", "add", None, _infix("bias_add", "+")),
 ):
@@ -129,6 +141,7 @@ def _keyword_out(ufunc: str) -> KernelFactory:
         # x < 0 is false for NaN, so NaN propagates as through np.maximum(x, 0)
         "where({0} < 0, 0, {0})",
         "({0} < (T)0 ? (T)0 : {0})",
+        jit="relu_({0})",
     ),
 )
 def _relu(xp: ModuleType) -> Callable[..., None]:
@@ -157,7 +170,10 @@ def _sigmoid(xp: ModuleType) -> Callable[..., None]:
     return sigmoid
 
 
-@builtin("square", fusion=FusionTemplate("square", "({0} * {0})", "({0} * {0})"))
+@builtin(
+    "square",
+    fusion=FusionTemplate("square", "({0} * {0})", "({0} * {0})", jit="({0} * {0})"),
+)
 def _square(xp: ModuleType) -> Callable[..., None]:
     square = xp.square
 
@@ -170,7 +186,9 @@ def _square(xp: ModuleType) -> Callable[..., None]:
 
 @builtin(
     "cube",
-    fusion=FusionTemplate("cube", "({0} * {0} * {0})", "(({0} * {0}) * {0})"),
+    fusion=FusionTemplate(
+        "cube", "({0} * {0} * {0})", "(({0} * {0}) * {0})", jit="(({0} * {0}) * {0})"
+    ),
 )
 def _cube(xp: ModuleType) -> Callable[..., None]:
     """``x * x * x``, as ONNX Runtime computes ``Pow(x, 3)``: two
@@ -204,7 +222,7 @@ def _power_half(xp: ModuleType) -> Callable[..., None]:
     return power_half
 
 
-@builtin("copy", fusion=FusionTemplate("copy", "{0}", "{0}"))
+@builtin("copy", fusion=FusionTemplate("copy", "{0}", "{0}", jit="{0}"))
 def _copy(xp: ModuleType) -> Callable[..., None]:
     def copy(a: Array, out: Array) -> None:
         out[...] = a
@@ -347,8 +365,8 @@ def _reduce_sum(xp: ModuleType) -> Callable[..., None]:
 # Ops that are a ufunc taking ``out`` by keyword: name, ufunc, work, fusion.
 for _name, _func, _flops, _fusion in (
     ("matmul", "matmul", _matmul_flops, None),
-    ("maximum", "maximum", None, _numpy_only("max")),
-    ("minimum", "minimum", None, _numpy_only("min")),
+    ("maximum", "maximum", None, FusionTemplate("max", jit="max_({0}, {1})")),
+    ("minimum", "minimum", None, FusionTemplate("min", jit="min_({0}, {1})")),
 ):
     builtin(_name, flops=_flops, fusion=_fusion)(_keyword_out(_func))
 
@@ -384,7 +402,9 @@ def _quiet_ufunc(ufunc: str) -> KernelFactory:
 SCIPY_SMALL_FLOAT32 = 1024
 
 
-@builtin("erf", flops=_TRANSCENDENTAL, fusion=_numpy_only("erf"))
+# Compiled, erf is bind_erf_float32's arithmetic (float32 only): the
+# library's own erf of arrays over SCIPY_SMALL_FLOAT32 elements, bit for bit.
+@builtin("erf", flops=_TRANSCENDENTAL, fusion=FusionTemplate("erf", jit="erf_({0})"))
 def make_erf(xp: ModuleType) -> Bindable:
     """The ``erf`` kernel for ``xp`` (GELU calls it too).
 
@@ -535,7 +555,7 @@ def _mish(xp: ModuleType) -> Callable[..., None]:
     return mish
 
 
-@builtin("hard_swish", fusion=_numpy_only("hard_swish"))
+@builtin("hard_swish", fusion=FusionTemplate("hard_swish", jit="hswish_({0})"))
 def _hard_swish(xp: ModuleType) -> Callable[..., None]:
     def hard_swish(a: Array, out: Array) -> None:
         xp.multiply(a, 1 / 6, out)
@@ -655,7 +675,7 @@ for _name, _func, _flops, _fusion in (
         "reciprocal",
         "reciprocal",
         None,
-        FusionTemplate("recip", "(1 / {0})", "((T)1 / {0})"),
+        FusionTemplate("recip", "(1 / {0})", "((T)1 / {0})", jit="(_ONE / {0})"),
     ),
     ("floor", "floor", None, _numpy_only("floor")),
     ("ceil", "ceil", None, _numpy_only("ceil")),

@@ -18,7 +18,7 @@ What the compiled kernels promise:
   exception.
 * **No GIL**: a compiled call releases it, so kernels split their work
   over :func:`asyncrt.runtime._threads.run_parts` (the fused kernels' pool,
-  sized by the cpu streams' share of the cores) and run truly in parallel.
+  sized by the host streams' share of the cores) and run truly in parallel.
 * **Compiled once per machine**: ``cache=True`` keeps the machine code on
   disk (numba's cache: ``__pycache__`` beside the kernel's module, or
   ``NUMBA_CACHE_DIR``), so another process loads it instead of compiling.
@@ -34,11 +34,15 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
+import sys
+import tempfile
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ("available", "compile_kernel", "enabled")
+__all__ = ("available", "cache_dir", "compile_kernel", "compile_source", "enabled")
 
 #: Whether compiled kernels are used where numba is installed (tests clear
 #: it to run the numpy paths).
@@ -75,3 +79,57 @@ def compile_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     """
     with _lock:  # numba's dispatcher creation is not thread-safe
         return _compiled(function)
+
+
+#: Where generated kernel sources (and, beside them, numba's cache of their
+#: machine code) are kept; ``None``: ``$XDG_CACHE_HOME/asyncrt/jit`` (by
+#: default ``~/.cache/asyncrt/jit``), or a temporary folder where that
+#: cannot be written.
+cache_root: Path | None = None
+
+
+def cache_dir() -> Path:
+    """The folder of generated kernel sources (see :data:`cache_root`)."""
+    if cache_root is not None:
+        return cache_root
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache"
+    )
+    folder = Path(base) / "asyncrt" / "jit"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        folder = Path(tempfile.gettempdir()) / f"asyncrt-jit-{os.getuid()}"
+        folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+_modules: dict[tuple[str, str], Any] = {}
+
+
+def compile_source(module: str, text: str, name: str) -> Callable[..., Any]:
+    """Function ``name`` of generated source ``text``, compiled: the source
+    is written to ``<cache_dir>/<module>.py`` (once: ``module`` must name
+    its contents, a hash) and imported, so that numba's disk cache, keyed
+    by that file, serves later processes.
+
+    :raises ModuleNotFoundError: if numba is not installed.
+    """
+    folder = cache_dir()
+    with _lock:
+        loaded = _modules.get((str(folder), module))
+        if loaded is None:
+            path = folder / f"{module}.py"
+            if not path.exists() or path.read_text() != text:
+                partial = path.with_suffix(f".{os.getpid()}.tmp")
+                partial.write_text(text)
+                os.replace(partial, path)  # other processes see all or nothing
+            spec = importlib.util.spec_from_file_location(module, path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load generated kernel {path}")
+            loaded = importlib.util.module_from_spec(spec)
+            sys.modules[module] = loaded
+            spec.loader.exec_module(loaded)
+            _modules[(str(folder), module)] = loaded
+    function: Callable[..., Any] = getattr(loaded, name)
+    return function
