@@ -30,6 +30,7 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
+from . import _jitfuse
 from ._kernels import Bindable, FlopsFunction
 from ._library import FusionTemplate, builtin
 
@@ -404,7 +405,10 @@ SCIPY_SMALL_FLOAT32 = 1024
 
 # Compiled, erf is bind_erf_float32's arithmetic (float32 only): the
 # library's own erf of arrays over SCIPY_SMALL_FLOAT32 elements, bit for bit.
-@builtin("erf", flops=_TRANSCENDENTAL, fusion=FusionTemplate("erf", jit="erf_({0})"))
+_ERF = FusionTemplate("erf", jit="erf_({0})")
+
+
+@builtin("erf", flops=_TRANSCENDENTAL, fusion=_ERF)
 def make_erf(xp: ModuleType) -> Bindable:
     """The ``erf`` kernel for ``xp`` (GELU calls it too).
 
@@ -433,7 +437,11 @@ def make_erf(xp: ModuleType) -> Bindable:
             return bind_erf_float32(xp, a, out)
         return functools.partial(erf, a, out)
 
-    return Bindable(erf, bind)
+    kernel = Bindable(erf, bind)
+    if xp is not np:
+        return kernel
+    # The same polynomial in one compiled pass, where numba is installed.
+    return _jitfuse.compiled_unary(_ERF, kernel, SCIPY_SMALL_FLOAT32 + 1)
 
 
 # Eigen's float32 erf (``generic_fast_erf_float``, as TensorFlow and XLA use
@@ -555,7 +563,10 @@ def _mish(xp: ModuleType) -> Callable[..., None]:
     return mish
 
 
-@builtin("hard_swish", fusion=FusionTemplate("hard_swish", jit="hswish_({0})"))
+_HARD_SWISH = FusionTemplate("hard_swish", jit="hswish_({0})")
+
+
+@builtin("hard_swish", fusion=_HARD_SWISH)
 def _hard_swish(xp: ModuleType) -> Callable[..., None]:
     def hard_swish(a: Array, out: Array) -> None:
         xp.multiply(a, 1 / 6, out)
@@ -563,7 +574,8 @@ def _hard_swish(xp: ModuleType) -> Callable[..., None]:
         xp.clip(out, 0, 1, out=out)
         xp.multiply(a, out, out)
 
-    return hard_swish
+    # one compiled pass instead of four, where numba is installed
+    return _jitfuse.compiled_unary(_HARD_SWISH, hard_swish) if xp is np else hard_swish
 
 
 @builtin("prelu", fusion=_numpy_only("prelu"))

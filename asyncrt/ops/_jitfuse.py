@@ -46,9 +46,15 @@ from scheduler.fusion import FusedNode
 from ..runtime import _threads
 from . import _jit, _jitmath
 from ._kernels import Bindable
-from ._library import node_fusion_template
+from ._library import FusionTemplate, node_fusion_template
 
-__all__ = ("MIN_WORK_PER_THREAD", "JitFusedKernel", "compilable")
+__all__ = (
+    "MIN_ELEMENTS_PER_THREAD",
+    "MIN_WORK_PER_THREAD",
+    "JitFusedKernel",
+    "compilable",
+    "compiled_unary",
+)
 
 Array = Any
 Role = Literal["full", "scalar", "row", "column"]
@@ -225,3 +231,87 @@ class JitFusedKernel(Bindable):
             for r in range(0, rows, share)
         ]
         return functools.partial(_threads.run_parts, parts)
+
+
+def _unary_source(expression: str) -> str:
+    """A compiled loop applying ``expression`` (over ``{0}``) to each
+    element of a float32 vector: ``kernel(a, out, first, last)``."""
+    vector = "float32[::1]"
+    body = expression.format("x[k]")
+    return "\n".join(
+        [
+            "import numba",
+            "import numpy as np",
+            _jitmath.SOURCE,
+            "",
+            f"@numba.njit('void({vector}, {vector}, int64, int64)', cache=True, "
+            "nogil=True, error_model='numpy', boundscheck=False)",
+            "def kernel(a, out, first, last):",
+            # slices, then indices from 0: LLVM does not vectorise a loop
+            # whose index numba must check for negative values (10x)
+            "    x, y = a[first:last], out[first:last]",
+            "    for k in range(last - first):",
+            f"        y[k] = {body}",
+            "",
+        ]
+    )
+
+
+#: Elements each thread gets at least before a compiled elementwise op is
+#: split over threads (each costs a few nanoseconds).
+MIN_ELEMENTS_PER_THREAD = 1 << 16
+
+
+def compiled_unary(
+    template: FusionTemplate | None,
+    fallback: Callable[..., None],
+    min_size: int = 1,
+) -> Bindable:
+    """An elementwise op of one input as one compiled loop over float32
+    C-contiguous arrays (its ``jit`` template, see the module docstring:
+    the same results as ``fallback``, bit for bit but for ``tanh``), and
+    ``fallback`` for every other array or without numba.
+
+    :param template: the op's fusion template (``None``: always
+        ``fallback``).
+    :param fallback: the op's numpy kernel ``fallback(a, out)`` (bound
+        where it is :class:`~asyncrt.Bindable`).
+    :param min_size: smaller arrays take ``fallback`` (where it computes
+        them otherwise, as erf does).
+    """
+    expression = None if template is None else template.jit
+
+    def plain(a: Array, out: Array) -> Callable[[], None]:
+        if isinstance(fallback, Bindable):
+            return fallback.bind(a, out)
+        return functools.partial(fallback, a, out)
+
+    def bind(a: Array, out: Array) -> Callable[[], None]:
+        if (
+            expression is None
+            or not _jit.available()
+            or a.dtype.name != "float32"
+            or out.dtype.name != "float32"
+            or a.shape != out.shape
+            or a.size < max(min_size, 1)
+            or not (a.flags.c_contiguous and out.flags.c_contiguous)
+        ):
+            return plain(a, out)
+        text = _unary_source(expression)
+        module = "asyncrt_unary_" + hashlib.sha256(text.encode()).hexdigest()[:20]
+        kernel = _jit.compile_source(module, text, "kernel")
+        flat, result, size = a.reshape(-1), out.reshape(-1), a.size
+        threads = min(_threads.limits.threads, size // MIN_ELEMENTS_PER_THREAD)
+        if threads <= 1:
+            return functools.partial(kernel, flat, result, 0, size)
+        share = -(-size // threads)
+        parts = [
+            functools.partial(kernel, flat, result, k, min(k + share, size))
+            for k in range(0, size, share)
+        ]
+        return functools.partial(_threads.run_parts, parts)
+
+    def call(a: Array, out: Array) -> None:
+        bind(a, out)()
+
+    return Bindable(call, bind)

@@ -10,7 +10,10 @@ no branch that is not a select), without fast-math:
 * ``hswish_``, ``hsig_``: the library's ``hard_swish`` (``x * clip(x / 6
   + 0.5, 0, 1)`` in float32) and ``hard_sigmoid``, bit for bit.
 * ``gelu_erf_``, ``gelu_tanh_``: the library's ``gelu`` (exact and tanh
-  forms), the same operations in the same order over ``erf_``/``tanh_``.
+  forms), the same operations in the same order over ``erf_``/``tanh_``:
+  the exact form bit for bit, the tanh form within 1e-6 absolute (where
+  ``1 + tanh`` cancels, for negative inputs, tanh's few ulps near -1 are
+  a larger share of the result).
 * ``erf_``: Eigen's float32 ``erf``, the rational approximation of
   :func:`asyncrt.ops._builtin.bind_erf_float32` with the same operations in
   the same order, so bit for bit the library's ``erf`` of float32 arrays of
@@ -19,7 +22,7 @@ no branch that is not a select), without fast-math:
 * ``tanh_``: Eigen's float32 rational approximation
   (``generic_fast_tanh_float``): within 7 ulps of the true tanh and 6 of
   numpy's (3.9e-7 relative; numpy's own is within 1.4 ulps), odd, NaN in,
-  NaN out, and +-0.9999998 (not 1) from about +-8 on.
+  NaN out, and exactly +-1 past +-9 (as float32 tanh is from 9.01 on).
 
 numpy's SIMD ``exp``, ``log`` and the trigonometric functions have no
 counterpart here (numba calls libm one element at a time for them, 10-60x
@@ -71,6 +74,7 @@ _GELU_CUBIC = _F(0.044715)
 _GELU_SCALE = _F(0.7978845608028654)
 _TANH_CLAMP = _F(7.99881172180175781)
 _TANH_TINY = _F(0.0004)
+_TANH_ONE = _F(9.0)
 _TA = (
     _F(4.89352455891786e-03),
     _F(6.37261928875436e-04),
@@ -145,7 +149,11 @@ def tanh_(v):
     q = x2 * q + _TB[1]
     q = x2 * q + _TB[0]
     r = p / q
-    return v if abs(v) < _TANH_TINY else r
+    r = v if abs(v) < _TANH_TINY else r
+    # float32 tanh is +-1 from 9.01 on; the rational form stops at
+    # +-0.9999998 (GELU(x) must be x, not 0.9999999 x, for huge x)
+    r = _ONE if v > _TANH_ONE else r
+    return -_ONE if v < -_TANH_ONE else r
 
 
 @numba.njit(inline="always", error_model="numpy")
