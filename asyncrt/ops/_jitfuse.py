@@ -50,7 +50,6 @@ from ._library import FusionTemplate, node_fusion_template
 
 __all__ = (
     "MIN_ELEMENTS_PER_THREAD",
-    "MIN_WORK_PER_THREAD",
     "JitFusedKernel",
     "compilable",
     "compiled_unary",
@@ -58,9 +57,12 @@ __all__ = (
 
 Array = Any
 Role = Literal["full", "scalar", "row", "column"]
-#: Work (the node's ``flops``) each thread gets at least before a kernel's
-#: rows are split over threads.
-MIN_WORK_PER_THREAD = 2e5
+#: Elements each thread gets at least before a compiled kernel is split over
+#: threads: 128Ki, 20-90 us of work. Splitting less saves little and, right
+#: after a BLAS call whose threads still spin, makes the pool thread fight
+#: them for the cores (W4's GELU on two threads: the next matmul 40x
+#: slower in a profile).
+MIN_ELEMENTS_PER_THREAD = 1 << 17
 #: Columns at least, where every input is whole or a scalar and the output's
 #: axes can be merged freely: short inner loops do not vectorise.
 MIN_COLUMNS = 1024
@@ -188,7 +190,6 @@ class JitFusedKernel(Bindable):
         self._rows = math.prod(shape) // self._columns
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:20]
         self._module = f"asyncrt_fused_{digest}"
-        self._work = recipe.spec.flops
 
     def _kernel(self) -> Callable[..., None]:
         function: Callable[..., None] = _jit.compile_source(
@@ -221,8 +222,9 @@ class JitFusedKernel(Bindable):
         if views is None:
             return functools.partial(self._fallback, *arrays)
         kernel, rows = self._kernel(), self._rows
-        enough = self._work / MIN_WORK_PER_THREAD if MIN_WORK_PER_THREAD else rows
-        threads = min(_threads.limits.threads, rows, int(enough))
+        size = rows * self._columns
+        enough = size // MIN_ELEMENTS_PER_THREAD if MIN_ELEMENTS_PER_THREAD else rows
+        threads = min(_threads.limits.threads, rows, enough)
         if threads <= 1:
             return functools.partial(kernel, *views, 0, rows)
         share = -(-rows // threads)
@@ -255,11 +257,6 @@ def _unary_source(expression: str) -> str:
             "",
         ]
     )
-
-
-#: Elements each thread gets at least before a compiled elementwise op is
-#: split over threads (each costs a few nanoseconds).
-MIN_ELEMENTS_PER_THREAD = 1 << 16
 
 
 def compiled_unary(
@@ -301,7 +298,8 @@ def compiled_unary(
         module = "asyncrt_unary_" + hashlib.sha256(text.encode()).hexdigest()[:20]
         kernel = _jit.compile_source(module, text, "kernel")
         flat, result, size = a.reshape(-1), out.reshape(-1), a.size
-        threads = min(_threads.limits.threads, size // MIN_ELEMENTS_PER_THREAD)
+        enough = size // MIN_ELEMENTS_PER_THREAD if MIN_ELEMENTS_PER_THREAD else size
+        threads = min(_threads.limits.threads, enough)
         if threads <= 1:
             return functools.partial(kernel, flat, result, 0, size)
         share = -(-size // threads)

@@ -192,7 +192,7 @@ def test_compiled_loops_are_bit_identical_but_for_tanh(
     case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("numba")
-    monkeypatch.setattr(_jitfuse, "MIN_WORK_PER_THREAD", 0.0)  # rows split
+    monkeypatch.setattr(_jitfuse, "MIN_ELEMENTS_PER_THREAD", 0)  # rows split
     expected = run(case)
     for threads in (1, 2):
         got = run(case, fuse=True, kernel_threads=threads)
