@@ -25,8 +25,11 @@ What the compiled kernels promise:
 
 Costs (AMD EPYC VM, 2 cores): ``import numba`` 0.5-0.6 s, paid on the
 first compiled kernel a process makes (never by ``import asyncrt``); a
-kernel's cold compilation 0.3-1 s per dtype, loading it from the disk cache
-10-30 ms; numba and llvmlite add about 210 MB to an installation.
+kernel's cold compilation 0.2-0.8 s, loading it from the disk cache tens of
+milliseconds. The first run of W1 fused (1000 additions, one compiled
+loop) took 1.31 s cold and 0.55 s with the cache (numba's import, mostly);
+W4's 1.22 and 0.54 s. numba and llvmlite add about 210 MB to an
+installation (35 and 173 MB).
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ cache_root: Path | None = None
 def cache_dir() -> Path:
     """The folder of generated kernel sources (see :data:`cache_root`)."""
     if cache_root is not None:
+        cache_root.mkdir(parents=True, exist_ok=True)
         return cache_root
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
         os.path.expanduser("~"), ".cache"

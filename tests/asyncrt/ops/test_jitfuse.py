@@ -112,14 +112,15 @@ def test_strided_arrays_take_the_numpy_program() -> None:
 def test_generated_sources_are_kept_in_the_cache_folder(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(_jit, "cache_root", tmp_path)
+    folder = tmp_path / "made" / "here"
+    monkeypatch.setattr(_jit, "cache_root", folder)
     graph = _chain([("multiply", 2), ("cube", 1), ("add", 2)])
     x = _special(int(np.prod(SHAPE)))
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(
             _run(graph, x, fuse=True), _run(graph, x, fuse=False)
         )
-    (source,) = tmp_path.glob("asyncrt_fused_*.py")
+    (source,) = folder.glob("asyncrt_fused_*.py")
     assert "def kernel(i0, i1, out, first, last):" in source.read_text()
     assert global_namespace_func("cube", "numpy") is not None
 
