@@ -260,7 +260,9 @@ def softmax_last_axis(a: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> Non
     ``[-NO_SHIFT_BOUND, NO_SHIFT_BOUND]`` (two whole-array reductions
     tell; NaN and infinities compare false): numpy reduces short rows one
     at a time (58 us for 1024 rows of 128 here, plus 30 us for the
-    subtraction).
+    subtraction). Masked scores (very negative or -inf, none above the
+    bound) skip the shift too where no row sum falls below
+    :data:`MIN_ROW_SUM` (a causal decoder's 32 x 100 rows: 500 -> 130 us).
     """
     bind_softmax_last_axis(a, out)()
 
@@ -291,12 +293,29 @@ def bind_softmax_last_axis(
             exp(flat, rows)
             normalise()
             return
+        if high <= NO_SHIFT_BOUND and low == low:  # no NaN; no exp overflows
+            # Masked scores (-inf, -3.4e38): their exp is 0, as shifted. Where
+            # every row sum is at least exp(-64), each row's maximum is above
+            # -64 - log(width) and the unshifted quotients are the shifted
+            # ones (outputs of exp(x) < 1e-38 lose their last bits: an
+            # absolute error below 1e-17). Else the rows are shifted.
+            exp(flat, rows)
+            matmul(rows, ones, out=totals)
+            if minimum(totals, axis=None) >= MIN_ROW_SUM:
+                reciprocal(totals, totals)
+                multiply(rows, column, rows)
+                return
         with np.errstate(all="ignore"):  # IEEE results for inf and NaN rows
             subtract(flat, fmax(flat, axis=1, keepdims=True), rows)
             exp(rows, rows)
             normalise()
 
     return softmax
+
+
+#: The smallest row sum of unshifted exponentials that softmax divides by
+#: (exp(-NO_SHIFT_BOUND)): a normal float32 with full precision.
+MIN_ROW_SUM = float(np.exp(np.float32(-NO_SHIFT_BOUND)))
 
 
 @functools.lru_cache(maxsize=16)
