@@ -132,8 +132,13 @@ def compile_source(module: str, text: str, name: str) -> Callable[..., Any]:
             if spec is None or spec.loader is None:
                 raise ImportError(f"cannot load generated kernel {path}")
             loaded = importlib.util.module_from_spec(spec)
+            # numba's disk cache finds the module by name when it loads
             sys.modules[module] = loaded
-            spec.loader.exec_module(loaded)
+            try:
+                spec.loader.exec_module(loaded)
+            except BaseException:
+                del sys.modules[module]
+                raise
             _modules[(str(folder), module)] = loaded
     function: Callable[..., Any] = getattr(loaded, name)
     return function
