@@ -147,6 +147,9 @@ def bind_depthwise(
         )
         for i in range(0, out_h, share)
     ]
+    # compiled for these arrays' types now (weights and biases are read-only
+    # parameters), not in the first run
+    _jit.specialise(kernel, (pixels, taps, shift, result, 0, out_h, *geometry))
     compute = (
         parts[0] if len(parts) == 1 else functools.partial(_threads.run_parts, parts)
     )

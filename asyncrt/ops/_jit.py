@@ -45,7 +45,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ("available", "cache_dir", "compile_kernel", "compile_source", "enabled")
+__all__ = (
+    "available",
+    "cache_dir",
+    "compile_kernel",
+    "compile_source",
+    "enabled",
+    "specialise",
+)
 
 #: Whether compiled kernels are used where numba is installed (tests clear
 #: it to run the numpy paths).
@@ -82,6 +89,14 @@ def compile_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     """
     with _lock:  # numba's dispatcher creation is not thread-safe
         return _compiled(function)
+
+
+def specialise(function: Any, args: tuple[Any, ...]) -> None:
+    """Compile numba ``function`` for the types of ``args`` now (if it is
+    not yet), rather than on its first call: binding happens off the event
+    loop, a run should not pay the compiler."""
+    numba = importlib.import_module("numba")
+    function.compile(tuple(numba.typeof(arg) for arg in args))
 
 
 #: Where generated kernel sources (and, beside them, numba's cache of their

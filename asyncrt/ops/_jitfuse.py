@@ -28,9 +28,10 @@ as in numpy.
 **Compiling.** The generated source is written once to a file named by its
 hash in :func:`asyncrt.ops._jit.cache_dir` and imported, so numba's disk
 cache (``cache=True``, keyed by that file) serves every later process:
-equal chains (a transformer's per-layer GELUs) share one kernel. The
-signature is given, so a kernel compiles when it is first made (when a run
-context binds its kernels, off the event loop), never during a run.
+equal chains (a transformer's per-layer GELUs) share one kernel. A kernel
+is compiled for its arrays' types (read-only parameters are a type of
+their own) when a run context binds it, off the event loop, never during
+a run.
 """
 
 from __future__ import annotations
@@ -127,9 +128,6 @@ def source(recipe: FusedNode, roles: Sequence[Role]) -> str:
     ..., out, first, last)`` over rows ``first:last`` of the 2-D views."""
     count = len(roles)
     names = [f"i{k}" for k in range(count)]
-    vector, matrix = "float32[::1]", "float32[:, ::1]"
-    types = [matrix if role == "full" else vector for role in roles]
-    signature = f"void({', '.join([*types, matrix, 'int64', 'int64'])})"
     reads = {
         "full": "i{k}[r, c]",
         "row": "i{k}[c]",
@@ -141,8 +139,9 @@ def source(recipe: FusedNode, roles: Sequence[Role]) -> str:
         "import numpy as np",
         _jitmath.SOURCE,
         "",
-        f"@numba.njit({signature!r}, cache=True, nogil=True, "
-        "error_model='numpy', boundscheck=False)",
+        # no signature here: bind compiles one for its arrays' types
+        # (parameters are read-only arrays, a type of their own)
+        "@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)",
         f"def kernel({', '.join([*names, 'out', 'first', 'last'])}):",
         "    cols = out.shape[1]",
     ]
@@ -222,6 +221,7 @@ class JitFusedKernel(Bindable):
         if views is None:
             return functools.partial(self._fallback, *arrays)
         kernel, rows = self._kernel(), self._rows
+        _jit.specialise(kernel, (*views, 0, rows))
         size = rows * self._columns
         enough = size // MIN_ELEMENTS_PER_THREAD if MIN_ELEMENTS_PER_THREAD else rows
         threads = min(_threads.limits.threads, rows, enough)
@@ -238,7 +238,6 @@ class JitFusedKernel(Bindable):
 def _unary_source(expression: str) -> str:
     """A compiled loop applying ``expression`` (over ``{0}``) to each
     element of a float32 vector: ``kernel(a, out, first, last)``."""
-    vector = "float32[::1]"
     body = expression.format("x[k]")
     return "\n".join(
         [
@@ -246,8 +245,8 @@ def _unary_source(expression: str) -> str:
             "import numpy as np",
             _jitmath.SOURCE,
             "",
-            f"@numba.njit('void({vector}, {vector}, int64, int64)', cache=True, "
-            "nogil=True, error_model='numpy', boundscheck=False)",
+            "@numba.njit(cache=True, nogil=True, error_model='numpy', "
+            "boundscheck=False)",
             "def kernel(a, out, first, last):",
             # slices, then indices from 0: LLVM does not vectorise a loop
             # whose index numba must check for negative values (10x)
@@ -298,6 +297,7 @@ def compiled_unary(
         module = "asyncrt_unary_" + hashlib.sha256(text.encode()).hexdigest()[:20]
         kernel = _jit.compile_source(module, text, "kernel")
         flat, result, size = a.reshape(-1), out.reshape(-1), a.size
+        _jit.specialise(kernel, (flat, result, 0, size))
         enough = size // MIN_ELEMENTS_PER_THREAD if MIN_ELEMENTS_PER_THREAD else size
         threads = min(_threads.limits.threads, enough)
         if threads <= 1:

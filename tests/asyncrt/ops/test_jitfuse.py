@@ -158,3 +158,51 @@ def test_compiled_elementwise_ops_equal_their_numpy_kernels(
     else:
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def _read_only(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    array = array.copy()
+    array.flags.writeable = False
+    return array
+
+
+def test_read_only_inputs_compile_too() -> None:
+    """Parameters reach kernels as read-only arrays (a type of their own to
+    numba): fused loops, compiled elementwise ops and depthwise
+    convolutions compile for them as for any array."""
+    graph = _chain([("add", 2), ("tanh", 1), ("multiply", 2)])
+    bias = np.linspace(-1, 1, SHAPE[-1]).astype(np.float32)
+    with graph_executor.create(graph, None, "cpu", params={"b": bias}, fuse=True) as ex:
+        (launch,) = ex.plan.launches()
+        kernel = ex.core.compiled.kernels[launch.nid]
+    assert isinstance(kernel, _jitfuse.JitFusedKernel)
+    x = _special(int(np.prod(SHAPE)))
+    got, want = np.empty_like(x), np.empty_like(x)
+    with np.errstate(all="ignore"):
+        kernel(_read_only(x), _read_only(bias), got)
+        kernel(x, bias, want)
+    np.testing.assert_array_equal(got, want)
+    hard_swish = global_namespace_func("hard_swish", "numpy")
+    assert isinstance(hard_swish, Bindable)
+    hard_swish.bind(_read_only(x), got)()
+    hard_swish.bind(x, want)()
+    np.testing.assert_array_equal(got, want)
+    attrs = {
+        "kernel_shape": [3, 3],
+        "strides": [1, 1],
+        "dilations": [1, 1],
+        "pads": [1, 1, 1, 1],
+        "auto_pad": "NOTSET",
+        "group": 16,
+        "bias": True,
+    }
+    conv = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
+    assert isinstance(conv, Bindable)
+    images = np.random.default_rng(2).standard_normal((1, 16, 6, 6))
+    images = images.astype(np.float32)
+    weights = np.random.default_rng(3).standard_normal((16, 1, 3, 3)).astype(np.float32)
+    shift = np.linspace(-1, 1, 16).astype(np.float32)
+    a, b = np.empty_like(images), np.empty_like(images)
+    conv.bind(_read_only(images), _read_only(weights), _read_only(shift), a)()
+    conv.bind(images, weights, shift, b)()
+    np.testing.assert_array_equal(a, b)
