@@ -9,6 +9,8 @@ Each round runs every (model, checkout) pair in a child process of its own
 (``run_sync`` median of at least 200 runs and a second), alternating which
 checkout goes first; the table gives every round's median in us and the
 ratio of the two checkouts' best medians (above 1: this checkout is faster).
+``--options`` passes executor options to both (JSON: ``{"fuse": true,
+"kernel_threads": 1}``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from asyncrt import graph_executor
 from asyncrt.frontend import from_onnx
 model, feed = build_model(sys.argv[1])
 graph, params = from_onnx(model)
-ex = graph_executor.create(graph, None, "cpu", params=params)
+options = json.loads(sys.argv[3])
+ex = graph_executor.create(graph, None, "cpu", params=params, **options)
 for _ in range(50):
     ex.run_sync(**feed)
 times = []
@@ -44,10 +47,10 @@ print(json.dumps(times[len(times) // 2]))
 """
 
 
-def median_us(tree: Path, model: str) -> float:
+def median_us(tree: Path, model: str, options: str = "{}") -> float:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, model, str(HERE)],
+        [sys.executable, "-c", CHILD, model, str(HERE), options],
         capture_output=True,
         text=True,
         env=env,
@@ -64,6 +67,11 @@ def main() -> None:
     ap.add_argument("--base", required=True, type=Path, help="the other checkout")
     ap.add_argument("--models", default="cnn,enc")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument(
+        "--options",
+        default="{}",
+        help='executor options as JSON, e.g. \'{"fuse": true, "kernel_threads": 1}\'',
+    )
     a = ap.parse_args()
     trees = {"base": a.base.resolve(), "this": HERE.parent}
     results: dict[tuple[str, str], list[float]] = {}
@@ -71,7 +79,9 @@ def main() -> None:
         order = list(trees.items())
         for model in a.models.split(","):
             for name, tree in order if r % 2 == 0 else order[::-1]:
-                results.setdefault((model, name), []).append(median_us(tree, model))
+                results.setdefault((model, name), []).append(
+                    median_us(tree, model, a.options)
+                )
     for model in a.models.split(","):
         base, this = results[model, "base"], results[model, "this"]
         print(

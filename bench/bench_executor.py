@@ -41,6 +41,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# This checkout's asyncrt, not the one an editable install points at (a
+# child runs this file from bench/, where ``import asyncrt`` found the
+# installed checkout's).
+sys.path.insert(0, str(ROOT))
 DEFAULT_PEERS_DIR = ROOT.parent / "shared" / "bench"
 ASYNCRT_VARIANTS = ("asyncrt-stateful", "asyncrt-sync", "asyncrt-async")
 DEFAULT_PEERS = ("floor", "ort-seq-t1", "ort-seq-tdef", "tvm", "dask-threaded-1")
@@ -147,9 +151,12 @@ def child(wl_name: str, variant: str, a: argparse.Namespace) -> None:
     rss_base = peers.maxrss_mb()
     t0 = time.perf_counter()
     graph, lib, params = to_asyncrt(wl, workloads)
-    # "...-nosplit": row splits off; "...-s2": 2 compute streams on the device.
-    split = not variant.endswith("-nosplit")
-    name = variant if split else variant[: -len("-nosplit")]
+    # "...-fused": elementwise fusion on; "...-nosplit": row splits off;
+    # "...-s2": 2 compute streams on the device.
+    fuse = variant.endswith("-fused")
+    unfused = variant.removesuffix("-fused")
+    split = not unfused.endswith("-nosplit")
+    name = unfused if split else unfused[: -len("-nosplit")]
     streams = re.search(r"-s(\d+)$", name)
     variant_base = name[: streams.start()] if streams else name
     ex = graph_executor.create(
@@ -159,6 +166,7 @@ def child(wl_name: str, variant: str, a: argparse.Namespace) -> None:
         max_streams=int(streams.group(1)) if streams else 1,
         params=params,
         split=split,
+        fuse=fuse,
     )
     setup_s = time.perf_counter() - t0
     if variant_base == "asyncrt-stateful":

@@ -19,6 +19,9 @@ Runners:
   ``run_sync(x=...)`` (inputs in, outputs out as new arrays the caller
   owns, as ``sess.run``);
 * ``asyncrt-fused``: the same with ``fuse=True``;
+* ``asyncrt-t1`` / ``asyncrt-fused-t1``: the same with
+  ``kernel_threads=1`` (one BLAS thread, as ``ort-seq-t1``: on a host whose
+  other core is busy, two BLAS threads wait for each other);
 * ``asyncrt-cuda`` / ``asyncrt-cuda-fused``: the same on ``cuda:0`` (cupy
   kernels; fused chains as ``cupy.ElementwiseKernel``), outputs copied back
   to host arrays inside the timed call, as ONNX Runtime returns them;
@@ -28,6 +31,10 @@ Runners:
   ``llvm`` without or with the default pipeline's fusion, the VM), in the
   peers' interpreter (``--peer-py`` or ``$PEER_PY``, made by
   ``../shared/bench/setup_peers.sh``); skipped without one.
+
+``gpt`` (a GPT-2-style decoder, batch 4 x sequence 100) and ``mnv3`` (a
+MobileNetV3-Small-style CNN, batch 1, 224 x 224) are exported from PyTorch
+by ``export_models.py`` on first use (PyTorch is the ``bench`` extra).
 
 The GPU runners and the ``enc-b16`` model (the encoder at batch 16, sequence
 128, width 256) are not in the defaults: they need cupy and a GPU.
@@ -63,10 +70,14 @@ RUNNERS = (
     "ort-par-tdef",
     "asyncrt",
     "asyncrt-fused",
+    "asyncrt-t1",
+    "asyncrt-fused-t1",
 )
 #: Run in the peers' interpreter, and by default only where there is one.
 TVM_RUNNERS = ("tvm", "tvm-fused")
-MODELS = ("cnn", "cnn-b32", "enc", "enc-s128")
+MODELS = ("cnn", "cnn-b32", "enc", "enc-s128", "gpt", "mnv3")
+#: Exported from PyTorch by ``export_models.py`` (the ``bench`` extra).
+EXPORTED = ("gpt", "mnv3")
 
 
 def build_model(name: str) -> tuple[Any, dict[str, Any]]:
@@ -76,6 +87,10 @@ def build_model(name: str) -> tuple[Any, dict[str, Any]]:
     sys.path.insert(0, str(ROOT))
     from tests.asyncrt.frontend.models import encoder_block, small_cnn
 
+    if name in EXPORTED:
+        import export_models
+
+        return export_models.load(name), export_models.feed(name)
     rng = np.random.default_rng(0)
     if name.startswith("cnn"):
         batch = 32 if name == "cnn-b32" else 2
@@ -162,7 +177,8 @@ def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
             None,
             "cuda" if on_gpu else "cpu",
             params=params,
-            fuse=runner.endswith("-fused"),
+            fuse="-fused" in runner,
+            **({"kernel_threads": 1} if runner.endswith("-t1") else {}),
         )
 
         def fn() -> list[Any]:

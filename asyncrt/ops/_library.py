@@ -28,6 +28,7 @@ never imports cupy; such kernels run unbound, as they always have).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -63,6 +64,7 @@ __all__ = (
     "kernel_name",
     "lookup",
     "lookup_builtin",
+    "node_fusion_template",
     "op_names",
     "register_graph_kernels",
     "register_op_kernel",
@@ -99,8 +101,12 @@ class FusionTemplate:
         element type), or ``None``.
     :ivar variadic: the template is joined over any number of arguments
         with this operator instead of formatted.
+    :ivar jit: a float32 Python expression numba compiles into a fused loop
+        (:mod:`asyncrt.ops._jitfuse`; the helpers of
+        :mod:`asyncrt.ops._jitmath` in scope), computing what the op's
+        kernel computes in the same order, or ``None``.
 
-    With neither template, the op still fuses: the ``"numpy"`` engine runs
+    With no template, the op still fuses: the ``"numpy"`` engine runs
     its own kernel block by block.
     """
 
@@ -108,9 +114,10 @@ class FusionTemplate:
     numexpr: str | None = None
     cuda_c: str | None = None
     variadic: str | None = None
+    jit: str | None = None
 
     def expression(
-        self, engine: Literal["numexpr", "cuda_c"], args: Sequence[str]
+        self, engine: Literal["numexpr", "cuda_c", "jit"], args: Sequence[str]
     ) -> str:
         """The op applied to ``args`` in an engine's syntax.
 
@@ -118,7 +125,9 @@ class FusionTemplate:
         """
         if self.variadic is not None:
             return "(" + f" {self.variadic} ".join(args) + ")"
-        template = self.numexpr if engine == "numexpr" else self.cuda_c
+        template = {"numexpr": self.numexpr, "cuda_c": self.cuda_c, "jit": self.jit}[
+            engine
+        ]
         if template is None:
             raise KeyError(f"{self.label} has no {engine} template")
         return template.format(*args)
@@ -137,6 +146,8 @@ class OpDef:
         ``None`` if it does not.
     :ivar configured: whether its kernels are configured by attributes
         (named ``<op>.<digest>``).
+    :ivar fusion_of: a configured elementwise op's fusion template for
+        given attributes (``None`` where those do not fuse).
     """
 
     name: str
@@ -144,6 +155,7 @@ class OpDef:
     flops: FlopsFunction | None = None
     fusion: FusionTemplate | None = None
     configured: bool = True
+    fusion_of: Callable[[Attrs], FusionTemplate | None] | None = None
 
 
 # Two name spaces: a built-in op is named by its kernel's name (a graph's
@@ -216,18 +228,25 @@ def builtin(
     return add
 
 
-def define(name: str, *, flops: FlopsFunction | None = None) -> Callable[[_M], _M]:
+def define(
+    name: str,
+    *,
+    flops: FlopsFunction | None = None,
+    fusion: Callable[[Attrs], FusionTemplate | None] | None = None,
+) -> Callable[[_M], _M]:
     """Add an op configured by attributes (a decorator over ``make(xp,
     attrs)``); its kernels are registered per configuration
     (:func:`register_op_kernel`).
 
     :param name: the op's name.
     :param flops: the work estimate of its kernels.
+    :param fusion: for an elementwise op, its fusion template for given
+        attributes (``None`` where those do not fuse).
     :raises ValueError: if the name is taken.
     """
 
     def add(make: _M) -> _M:
-        _add(OpDef(name, make, flops))
+        _add(OpDef(name, make, flops, fusion_of=fusion))
         return make
 
     return add
@@ -258,6 +277,39 @@ def fusion_template(func_name: str) -> FusionTemplate | None:
     or ``None`` if there is no such fusible op."""
     definition = _BUILTIN.get(func_name)
     return None if definition is None else definition.fusion
+
+
+def node_fusion_template(
+    func_name: str, attrs: Mapping[str, str]
+) -> FusionTemplate | None:
+    """The fusion template of a node's kernel: a built-in op's, or a
+    configured op's for the attributes the node gives (:data:`OP_NAME_ATTR`,
+    :data:`OP_ATTRS_ATTR`, which must name ``func_name``), or ``None``."""
+    template = fusion_template(func_name)
+    if template is not None:
+        return template
+    op = attrs.get(OP_NAME_ATTR)
+    if op is None:
+        return None
+    return _configured_template(func_name, op, attrs.get(OP_ATTRS_ATTR, "{}"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _configured_template(
+    func_name: str, op: str, encoded: str
+) -> FusionTemplate | None:
+    definition = _CONFIGURED.get(op)
+    if (
+        definition is None
+        or definition.fusion_of is None
+        or kernel_name(op, encoded) != func_name
+    ):
+        return None
+    try:
+        attrs = json.loads(encoded)
+        return definition.fusion_of(attrs) if isinstance(attrs, dict) else None
+    except (ValueError, TypeError, KeyError):
+        return None  # the kernel itself refuses such attributes
 
 
 def encode_attrs(attrs: Attrs) -> str:

@@ -18,8 +18,9 @@ import numpy as np
 
 from ._builtin import SCIPY_SMALL_FLOAT32, make_erf
 from ._common import Array, choice, flag, number, quiet
+from ._jitfuse import compiled_unary
 from ._kernels import Bindable
-from ._library import Attrs, define
+from ._library import Attrs, FusionTemplate, define
 
 __all__ = ()
 
@@ -32,7 +33,20 @@ def _positive_part(xp: ModuleType, a: Array, out: Array) -> None:
     xp.copyto(out, a, where=a > 0)
 
 
-@define("leaky_relu")
+def _float32(value: float) -> str:
+    """``value`` as a float32 constant in a compiled template."""
+    return f"np.float32({float(value)!r})"
+
+
+def _leaky_relu_fusion(attrs: Attrs) -> FusionTemplate:
+    alpha = _float32(number(attrs, "alpha"))
+    # copyto(out, a, where=a > 0) over a * alpha: NaN and -0. take a * alpha
+    return FusionTemplate(
+        "leaky_relu", jit=f"({{0}} if {{0}} > _ZERO else {{0}} * {alpha})"
+    )
+
+
+@define("leaky_relu", fusion=_leaky_relu_fusion)
 def _leaky_relu(xp: ModuleType, attrs: Attrs) -> Kernel:
     alpha = number(attrs, "alpha")
 
@@ -40,7 +54,9 @@ def _leaky_relu(xp: ModuleType, attrs: Attrs) -> Kernel:
         xp.multiply(a, alpha, out, casting="unsafe")
         _positive_part(xp, a, out)
 
-    return leaky_relu
+    if xp is not np:
+        return leaky_relu
+    return compiled_unary(_leaky_relu_fusion(attrs), leaky_relu)
 
 
 @define("elu")
@@ -73,7 +89,12 @@ def _celu(xp: ModuleType, attrs: Attrs) -> Kernel:
     return celu
 
 
-@define("hard_sigmoid")
+def _hard_sigmoid_fusion(attrs: Attrs) -> FusionTemplate:
+    alpha, beta = (_float32(number(attrs, key)) for key in ("alpha", "beta"))
+    return FusionTemplate("hard_sigmoid", jit=f"hsig_({{0}}, {alpha}, {beta})")
+
+
+@define("hard_sigmoid", fusion=_hard_sigmoid_fusion)
 def _hard_sigmoid(xp: ModuleType, attrs: Attrs) -> Kernel:
     alpha, beta = number(attrs, "alpha"), number(attrs, "beta")
 
@@ -82,7 +103,9 @@ def _hard_sigmoid(xp: ModuleType, attrs: Attrs) -> Kernel:
         xp.add(out, beta, out, casting="unsafe")
         xp.clip(out, 0, 1, out=out)
 
-    return hard_sigmoid
+    if xp is not np:
+        return hard_sigmoid
+    return compiled_unary(_hard_sigmoid_fusion(attrs), hard_sigmoid)
 
 
 @define("thresholded_relu")
@@ -109,7 +132,12 @@ def _shrink(xp: ModuleType, attrs: Attrs) -> Kernel:
     return shrink
 
 
-@define("gelu")
+def _gelu_fusion(attrs: Attrs) -> FusionTemplate:
+    tanh = choice(attrs, "approximate", ("none", "tanh")) == "tanh"
+    return FusionTemplate("gelu", jit="gelu_tanh_({0})" if tanh else "gelu_erf_({0})")
+
+
+@define("gelu", fusion=_gelu_fusion)
 def _gelu(xp: ModuleType, attrs: Attrs) -> Kernel:
     tanh = choice(attrs, "approximate", ("none", "tanh")) == "tanh"
     erf = make_erf(xp)
@@ -171,10 +199,27 @@ def _gelu(xp: ModuleType, attrs: Attrs) -> Kernel:
 
         return exact
 
-    return Bindable(gelu, bind)
+    kernel = Bindable(gelu, bind)
+    if xp is not np:
+        return kernel
+    # One compiled pass (the same arithmetic; tanh within 7 ulps of numpy's)
+    # where numba is installed; small arrays keep scipy's ndtr.
+    return compiled_unary(_gelu_fusion(attrs), kernel, SCIPY_SMALL_FLOAT32 + 1)
 
 
-@define("clip")
+def _clip_fusion(attrs: Attrs) -> FusionTemplate | None:
+    low, high = attrs.get("min"), attrs.get("max")
+    if not all(v is None or isinstance(v, (int, float)) for v in (low, high)):
+        return None  # the kernel refuses these
+    expression = "{0}"
+    if low is not None and not isinstance(low, bool):
+        expression = f"max_({expression}, {_float32(low)})"
+    if high is not None and not isinstance(high, bool):
+        expression = f"min_({expression}, {_float32(high)})"
+    return FusionTemplate("clip", jit=expression)
+
+
+@define("clip", fusion=_clip_fusion)
 def _clip(xp: ModuleType, attrs: Attrs) -> Kernel:
     low, high = attrs.get("min"), attrs.get("max")
     for key, value in (("min", low), ("max", high)):

@@ -23,7 +23,7 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
-from . import _common
+from . import _common, _depthwise
 from ._builtin import ones_vector
 from ._common import (
     Array,
@@ -107,6 +107,9 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             bias = rest[0].reshape(-1, *(1,) * rank) if has_bias else None
             add_bias_relu(xp, out, bias, out, relu)
             return
+        if _depthwise.takes(xp, x, w, out, group):
+            depthwise(x, w, *rest)()
+            return
         if all(s == 1 for s in geometry.strides):
             begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
             bias = rest[0] if has_bias else None
@@ -124,7 +127,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         grouped = out.reshape(n, group, mg, *out_spatial)
         view = view.reshape(n, group, cg, *out_spatial, *geometry.kernel)
         if cg == 1:
-            _depthwise(xp, view, w.reshape(group, mg, *geometry.kernel), grouped)
+            _depthwise_taps(xp, view, w.reshape(group, mg, *geometry.kernel), grouped)
         else:
             # (N, g, Cg, *out, *k) -> (N, g, Cg, *k, *out): rows of K = Cg*k.
             order = (0, 1, 2, *range(3 + rank, 3 + 2 * rank), *range(3, 3 + rank))
@@ -135,8 +138,24 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         bias = rest[0].reshape(group, mg, *(1,) * rank) if has_bias else None
         add_bias_relu(xp, grouped, bias, grouped, relu)
 
+    def depthwise(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
+        out = rest[-1]
+        begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
+        return _depthwise.bind_depthwise(
+            x,
+            w,
+            rest[0] if has_bias else None,
+            out,
+            geometry.strides,
+            begin,
+            geometry.dilations,
+            relu=relu,
+        )
+
     def bind(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
         out = rest[-1]
+        if out.size and _depthwise.takes(xp, x, w, out, group):
+            return depthwise(x, w, *rest)
         bound = None
         # A bound call keeps reshaped views: of a strided array they would
         # be copies, blind to its later values.
@@ -158,7 +177,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
     return Bindable(conv, bind)
 
 
-def _depthwise(xp: ModuleType, view: Array, w: Array, out: Array) -> None:
+def _depthwise_taps(xp: ModuleType, view: Array, w: Array, out: Array) -> None:
     """``out (N, g, Mg, *out) = sum over k of w (g, Mg, *k) * view``."""
     rank = w.ndim - 2
     spatial = (1,) * rank

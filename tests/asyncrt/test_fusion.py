@@ -8,6 +8,10 @@ and fused; the comparisons:
 * engine ``"numpy"`` (the members' own ufuncs, block by block): identical,
   bit for bit, with blocks made tiny so that every graph is cut into many
   blocks and split over two threads;
+* engine ``"numpy"`` with numba (float32 groups compiled into one loop,
+  :mod:`asyncrt.ops._jitfuse`): identical, bit for bit, unless the group
+  has a ``tanh`` (a rational approximation within 7 ulps of numpy's), then
+  within the numexpr bound below;
 * engine ``"numexpr"``: numexpr's float32 ``exp``/``tanh``/``log`` are its
   own, not numpy's SIMD loops, and interior results of an expression may be
   kept in registers, so results may differ in the last few ulps. Asserted:
@@ -38,6 +42,8 @@ from asyncrt import graph_executor
 from asyncrt.errors import ArgumentError, NodeFailedError
 from asyncrt.graph import Graph, GraphBuilder, TensorHandle
 from asyncrt.ops import _fusion as _fusion
+from asyncrt.ops import _jit as _jit
+from asyncrt.ops import _jitfuse as _jitfuse
 from asyncrt.runtime import _threads as _threads
 from scheduler.fusion import fuse_elementwise
 
@@ -155,9 +161,11 @@ def run(case: Case, **options: Any) -> list[np.ndarray[Any, Any]]:
 @pytest.fixture
 def tiny_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of 16 elements, split over threads whatever the work: every
-    test graph is cut into many."""
+    test graph is cut into many. The numpy engine's own program runs (no
+    compiled loops)."""
     monkeypatch.setattr(_fusion, "BLOCK_ELEMENTS", 16)
     monkeypatch.setattr(_fusion, "MIN_WORK_PER_THREAD", 0.0)
+    monkeypatch.setattr(_jit, "enabled", False)
 
 
 @settings(
@@ -172,6 +180,28 @@ def test_numpy_engine_is_bit_identical(case: Case, tiny_blocks: None) -> None:
         got = run(case, fuse=True, kernel_threads=threads)
         for g, e in zip(got, expected, strict=True):
             np.testing.assert_array_equal(g, e)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(case=cases())
+def test_compiled_loops_are_bit_identical_but_for_tanh(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("numba")
+    monkeypatch.setattr(_jitfuse, "MIN_ELEMENTS_PER_THREAD", 0)  # rows split
+    expected = run(case)
+    for threads in (1, 2):
+        got = run(case, fuse=True, kernel_threads=threads)
+        for g, e in zip(got, expected, strict=True):
+            if "tanh" in case.ops:
+                rtol = 1e-5 if case.dtype == "float32" else 0.0
+                np.testing.assert_allclose(g, e, rtol=rtol, atol=rtol * case.bound)
+            else:
+                np.testing.assert_array_equal(g, e)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -493,3 +493,26 @@ def test_a_window_fold_is_the_reduction_over_every_window(
     else:  # rounding is relative to the magnitudes summed, not to the sum
         bound = 1e-12 * float(np.abs(view).sum(axis=axes).max())
         np.testing.assert_allclose(out, view.sum(axis=axes), rtol=0, atol=bound)
+
+
+@pytest.mark.parametrize("fill", [-3.4028235e38, -np.inf, -80.0, -1e4])
+@pytest.mark.parametrize("whole_row", [False, True])
+def test_softmax_of_masked_scores(fill: float, whole_row: bool) -> None:
+    """Causal masks (a large negative fill) skip the row shift unless a row
+    is masked whole (or nearly): then its sum would vanish unshifted."""
+    from asyncrt.ops import lookup
+
+    rng = np.random.default_rng(8)
+    a = (rng.standard_normal((2, 3, 17, 17)) * 4).astype(np.float32)
+    a = np.where(np.tril(np.ones((17, 17), bool)), a, np.float32(fill))
+    if whole_row:
+        a[1, 2, 5] = fill
+    out = np.full_like(a, -1.0)
+    lookup("softmax").make(np, {"axes": [3], "log": False})(a, out)
+    wide = a.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(wide - wide.max(axis=-1, keepdims=True))
+        want = e / e.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-7)
+    if whole_row and np.isfinite(fill):
+        np.testing.assert_allclose(out[1, 2, 5], 1 / 17, rtol=1e-6)

@@ -1,0 +1,175 @@
+"""Scalar float32 functions for compiled fused kernels, as source text.
+
+:mod:`asyncrt.ops._jitfuse` pastes :data:`SOURCE` into every module it
+generates, so a fused kernel calls these as inlined numba functions. Each
+is written so that LLVM vectorises the loop that calls it (no libm call,
+no branch that is not a select), without fast-math:
+
+* ``relu_``, ``max_``, ``min_``: numpy's ``maximum``/``minimum`` (NaN in,
+  NaN out; ``maximum(-0., 0)`` is -0.), bit for bit.
+* ``hswish_``, ``hsig_``: the library's ``hard_swish`` (``x * clip(x / 6
+  + 0.5, 0, 1)`` in float32) and ``hard_sigmoid``, bit for bit.
+* ``gelu_erf_``, ``gelu_tanh_``: the library's ``gelu`` (exact and tanh
+  forms), the same operations in the same order over ``erf_``/``tanh_``:
+  the exact form bit for bit, the tanh form within 1e-6 absolute (where
+  ``1 + tanh`` cancels, for negative inputs, tanh's few ulps near -1 are
+  a larger share of the result).
+* ``erf_``: Eigen's float32 ``erf``, the rational approximation of
+  :func:`asyncrt.ops._builtin.bind_erf_float32` with the same operations in
+  the same order, so bit for bit the library's ``erf`` of float32 arrays of
+  more than ``SCIPY_SMALL_FLOAT32`` elements (smaller ones take scipy's,
+  within 4.5e-7 of it).
+* ``tanh_``: Eigen's float32 rational approximation
+  (``generic_fast_tanh_float``): within 7 ulps of the true tanh and 6 of
+  numpy's (3.9e-7 relative; numpy's own is within 1.4 ulps), odd, NaN in,
+  NaN out, and exactly +-1 past +-9 (as float32 tanh is from 9.01 on).
+
+numpy's SIMD ``exp``, ``log`` and the trigonometric functions have no
+counterpart here (numba calls libm one element at a time for them, 10-60x
+slower): a chain with one of them keeps the numpy engine.
+"""
+
+from __future__ import annotations
+
+__all__ = ("FUNCTIONS", "SOURCE")
+
+#: The helpers' names.
+FUNCTIONS = (
+    "relu_",
+    "max_",
+    "min_",
+    "hswish_",
+    "hsig_",
+    "erf_",
+    "tanh_",
+    "gelu_erf_",
+    "gelu_tanh_",
+)
+
+SOURCE = """
+_F = np.float32
+_ZERO = _F(0.0)
+_ONE = _F(1.0)
+_SIXTH = _F(1 / 6)
+_HALF = _F(0.5)
+_FOUR = _F(4.0)
+_P = (
+    _F(-2.72614225801306e-10),
+    _F(2.77068142495902e-08),
+    _F(-2.10102402082508e-06),
+    _F(-5.69250639462346e-05),
+    _F(-7.34990630326855e-04),
+    _F(-2.95459980854025e-03),
+    _F(-1.60960333262415e-02),
+)
+_Q = (
+    _F(-1.45660718464996e-05),
+    _F(-2.13374055278905e-04),
+    _F(-1.68282697438203e-03),
+    _F(-7.37332916720468e-03),
+    _F(-1.42647390514189e-02),
+)
+_RSQRT2 = _F(0.7071067811865476)
+_GELU_CUBIC = _F(0.044715)
+_GELU_SCALE = _F(0.7978845608028654)
+_TANH_CLAMP = _F(7.99881172180175781)
+_TANH_TINY = _F(0.0004)
+_TANH_ONE = _F(9.0)
+_TA = (
+    _F(4.89352455891786e-03),
+    _F(6.37261928875436e-04),
+    _F(1.48572235717979e-05),
+    _F(5.12229709037114e-08),
+    _F(-8.60467152213735e-11),
+    _F(2.00018790482477e-13),
+    _F(-2.76076847742355e-16),
+)
+_TB = (
+    _F(4.89352518554385e-03),
+    _F(2.26843463243900e-03),
+    _F(1.18534705686654e-04),
+    _F(1.19825839466702e-06),
+)
+
+
+@numba.njit(inline="always", error_model="numpy")
+def relu_(x):
+    return _ZERO if x < _ZERO else x
+
+
+@numba.njit(inline="always", error_model="numpy")
+def max_(a, b):
+    return a if (a >= b or a != a) else b
+
+
+@numba.njit(inline="always", error_model="numpy")
+def min_(a, b):
+    return a if (a <= b or a != a) else b
+
+
+@numba.njit(inline="always", error_model="numpy")
+def hswish_(x):
+    t = x * _SIXTH + _HALF
+    t = _ZERO if t < _ZERO else t
+    t = _ONE if t > _ONE else t
+    return x * t
+
+
+@numba.njit(inline="always", error_model="numpy")
+def erf_(a):
+    x = _FOUR if a > _FOUR else a
+    x = -_FOUR if x < -_FOUR else x
+    x2 = x * x
+    den = x2 * _Q[0] + _Q[1]
+    den = den * x2 + _Q[2]
+    den = den * x2 + _Q[3]
+    den = den * x2 + _Q[4]
+    num = x2 * _P[0] + _P[1]
+    num = num * x2 + _P[2]
+    num = num * x2 + _P[3]
+    num = num * x2 + _P[4]
+    num = num * x2 + _P[5]
+    num = num * x2 + _P[6]
+    return num * x / den
+
+
+@numba.njit(inline="always", error_model="numpy")
+def tanh_(v):
+    x = _TANH_CLAMP if v > _TANH_CLAMP else v
+    x = -_TANH_CLAMP if x < -_TANH_CLAMP else x
+    x2 = x * x
+    p = x2 * _TA[6] + _TA[5]
+    p = x2 * p + _TA[4]
+    p = x2 * p + _TA[3]
+    p = x2 * p + _TA[2]
+    p = x2 * p + _TA[1]
+    p = x2 * p + _TA[0]
+    p = x * p
+    q = x2 * _TB[3] + _TB[2]
+    q = x2 * q + _TB[1]
+    q = x2 * q + _TB[0]
+    r = p / q
+    r = v if abs(v) < _TANH_TINY else r
+    # float32 tanh is +-1 from 9.01 on; the rational form stops at
+    # +-0.9999998 (GELU(x) must be x, not 0.9999999 x, for huge x)
+    r = _ONE if v > _TANH_ONE else r
+    return -_ONE if v < -_TANH_ONE else r
+
+
+@numba.njit(inline="always", error_model="numpy")
+def hsig_(x, alpha, beta):
+    t = x * alpha + beta
+    t = _ZERO if t < _ZERO else t
+    return _ONE if t > _ONE else t
+
+
+@numba.njit(inline="always", error_model="numpy")
+def gelu_erf_(x):
+    return ((erf_(x * _RSQRT2) + _ONE) * _HALF) * x
+
+
+@numba.njit(inline="always", error_model="numpy")
+def gelu_tanh_(x):
+    t = (((x * x) * _GELU_CUBIC + _ONE) * x) * _GELU_SCALE
+    return ((tanh_(t) + _ONE) * _HALF) * x
+"""

@@ -1,0 +1,153 @@
+"""The compiled depthwise convolution against the numpy paths (im2col,
+strided windows) and a float64 reference: strides, dilations, uneven pads,
+bias, ReLU, batches, non-finite inputs, a call and a binding alike."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncrt.ops import _depthwise, _jit, register_op_kernel
+from asyncrt.ops._kernels import global_namespace_func
+
+pytest.importorskip("numba")
+
+
+def _reference(
+    x: np.ndarray[Any, Any],
+    w: np.ndarray[Any, Any],
+    b: np.ndarray[Any, Any] | None,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+) -> np.ndarray[Any, Any]:
+    n, c, h, width = x.shape
+    kh, kw = w.shape[2:]
+    padded = np.pad(
+        x.astype(np.float64), [(0, 0), (0, 0), *zip(pads[:2], pads[2:], strict=True)]
+    )
+    out_h = (h + pads[0] + pads[2] - (kh - 1) * dilations[0] - 1) // strides[0] + 1
+    out_w = (width + pads[1] + pads[3] - (kw - 1) * dilations[1] - 1) // strides[1] + 1
+    out = np.zeros((n, c, out_h, out_w))
+    for i, j in itertools.product(range(kh), range(kw)):
+        rows = slice(
+            i * dilations[0], i * dilations[0] + strides[0] * out_h, strides[0]
+        )
+        cols = slice(
+            j * dilations[1], j * dilations[1] + strides[1] * out_w, strides[1]
+        )
+        out += w[:, 0, i, j].reshape(1, c, 1, 1) * padded[:, :, rows, cols]
+    if b is not None:
+        out += b.reshape(1, c, 1, 1)
+    return out
+
+
+CASES = [
+    # x shape, kernel, strides, pads, dilations, bias, relu
+    ((1, 24, 14, 14), (5, 5), [1, 1], [2, 2, 2, 2], [1, 1], True, False),
+    ((2, 16, 15, 13), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1], True, True),
+    ((1, 32, 9, 11), (3, 5), [1, 2], [0, 2, 1, 1], [1, 1], False, False),
+    ((3, 20, 12, 12), (3, 3), [1, 1], [2, 2, 2, 2], [2, 2], True, True),
+    ((1, 17, 7, 7), (5, 5), [2, 1], [2, 2, 2, 2], [1, 1], False, True),
+    ((1, 16, 4, 4), (5, 5), [1, 1], [0, 0, 0, 0], [1, 1], True, False),  # empty
+    ((1, 16, 2, 3), (3, 3), [1, 1], [3, 3, 3, 3], [1, 1], True, False),  # pads > x
+]
+
+
+def _conv(
+    x: np.ndarray[Any, Any],
+    w: np.ndarray[Any, Any],
+    b: np.ndarray[Any, Any] | None,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    relu: bool,
+    bound: bool,
+) -> np.ndarray[Any, Any]:
+    attrs: dict[str, Any] = {
+        "kernel_shape": list(w.shape[2:]),
+        "strides": strides,
+        "dilations": dilations,
+        "pads": pads,
+        "auto_pad": "NOTSET",
+        "group": x.shape[1],
+        "bias": b is not None,
+    }
+    if relu:
+        attrs["activation"] = "relu"
+    kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
+    assert kernel is not None
+    want = _reference(x, w, b, strides, pads, dilations)
+    out = np.full(want.shape, np.nan, x.dtype)
+    args = (x, w, *(() if b is None else (b,)), out)
+    if bound:
+        call = kernel.bind(*args)  # type: ignore[attr-defined]
+        call()
+        x[...] += 1  # a bound call sees its arrays' new values
+        want = _reference(x, w, b, strides, pads, dilations)
+        call()
+    else:
+        kernel(*args)
+    if relu:
+        want = np.maximum(want, 0)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    return out
+
+
+@pytest.mark.parametrize("bound", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    ("shape", "kernel", "strides", "pads", "dilations", "bias", "relu"), CASES
+)
+def test_compiled_depthwise_matches_the_reference_and_the_numpy_path(
+    monkeypatch: pytest.MonkeyPatch,
+    shape: tuple[int, ...],
+    kernel: tuple[int, int],
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    bias: bool,
+    relu: bool,
+    dtype: Any,
+    bound: bool,
+) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((shape[1], 1, *kernel)).astype(dtype)
+    b = rng.standard_normal(shape[1]).astype(dtype) if bias else None
+    assert _depthwise.takes(np, x, w, np.empty((1, shape[1], 1, 1), dtype), shape[1])
+    compiled = _conv(x.copy(), w, b, strides, pads, dilations, relu, bound)
+    monkeypatch.setattr(_jit, "enabled", False)
+    assert not _depthwise.takes(
+        np, x, w, np.empty((1, shape[1], 1, 1), dtype), shape[1]
+    )
+    plain = _conv(x.copy(), w, b, strides, pads, dilations, relu, bound)
+    np.testing.assert_allclose(compiled, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_non_finite_inputs_reach_only_the_outputs_they_feed() -> None:
+    x = np.zeros((1, 16, 8, 8), np.float32)
+    x[0, 3, 4, 4] = np.inf
+    x[0, 5, 0, 0] = np.nan
+    w = np.ones((16, 1, 3, 3), np.float32)
+    out = _conv(x, w, None, [1, 1], [1, 1, 1, 1], [1, 1], False, True)
+    assert np.isinf(out[0, 3, 3:6, 3:6]).all()
+    assert np.isnan(out[0, 5, :2, :2]).all()
+    finite = np.isfinite(out)
+    assert finite.sum() == out.size - 9 - 4
+
+
+def test_few_channels_and_other_layouts_take_the_numpy_paths() -> None:
+    x = np.zeros((1, 8, 8, 8), np.float32)
+    w = np.zeros((8, 1, 3, 3), np.float32)
+    out = np.zeros((1, 8, 6, 6), np.float32)
+    assert not _depthwise.takes(np, x, w, out, 8)  # fewer than MIN_CHANNELS
+    x16, w16 = np.zeros((1, 16, 8, 8), np.float32), np.zeros((16, 1, 3, 3), np.float32)
+    out16 = np.zeros((1, 16, 6, 6), np.float32)
+    assert _depthwise.takes(np, x16, w16, out16, 16)
+    assert not _depthwise.takes(np, x16[:, :, ::2], w16, out16, 16)  # strided
+    assert not _depthwise.takes(np, x16, np.zeros((32, 1, 3, 3), np.float32), out16, 16)
+    assert not _depthwise.takes(np, x16.astype(np.float16), w16, out16, 16)
