@@ -382,9 +382,43 @@ def _reduce_sum(xp: ModuleType) -> Callable[..., None]:
     return reduce_sum
 
 
+def stacked_as_one_gemm(a: Array, b: Array, out: Array) -> bool:
+    """Whether ``a @ b`` with ``a`` stacked (``(..., M, K)``) and ``b`` one
+    matrix is one GEMM of ``(prod(...) * M, K) @ (K, N)`` over views: numpy
+    (and cupy) loop over the stack one small GEMM at a time, which at
+    (32, 16, 384) @ (384, 1536) takes 1.8x as long as the single call."""
+    return bool(
+        a.ndim > 2
+        and b.ndim == 2
+        and a.flags.c_contiguous
+        and out.flags.c_contiguous
+        and out.shape[:-1] == a.shape[:-1]
+    )
+
+
+@builtin("matmul", flops=_matmul_flops)
+def _matmul(xp: ModuleType) -> Bindable:
+    matmul = xp.matmul
+
+    def product(a: Array, b: Array, out: Array) -> None:
+        if stacked_as_one_gemm(a, b, out):
+            matmul(a.reshape(-1, a.shape[-1]), b, out=out.reshape(-1, out.shape[-1]))
+        else:
+            matmul(a, b, out=out)  # cupy takes ``out`` by keyword only
+
+    def bind(a: Array, b: Array, out: Array) -> Callable[[], None]:
+        if stacked_as_one_gemm(a, b, out):
+            rows = a.reshape(-1, a.shape[-1])
+            return functools.partial(
+                matmul, rows, b, out=out.reshape(-1, out.shape[-1])
+            )
+        return functools.partial(matmul, a, b, out=out)
+
+    return Bindable(product, bind)
+
+
 # Ops that are a ufunc taking ``out`` by keyword: name, ufunc, work, fusion.
 for _name, _func, _flops, _fusion in (
-    ("matmul", "matmul", _matmul_flops, None),
     ("maximum", "maximum", None, FusionTemplate("max", jit="max_({0}, {1})")),
     ("minimum", "minimum", None, FusionTemplate("min", jit="min_({0}, {1})")),
 ):
