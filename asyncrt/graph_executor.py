@@ -498,9 +498,10 @@ class GraphModule:
         :raises InputError: for bad or missing inputs.
         :raises NodeFailedError: if a kernel failed.
         """
-        return _benchmark.benchmark(
-            self, device, repeat, number, min_repeat_ms, end_to_end, progress, inputs
-        )
+        times = (repeat, number, min_repeat_ms)
+        return _benchmark.evaluator(
+            self, device, times, end_to_end, progress, inputs, awaited=False
+        )()
 
     async def abenchmark(
         self,
@@ -515,9 +516,10 @@ class GraphModule:
     ) -> BenchmarkResult:
         """:meth:`benchmark` for async code: awaits the runs, so the event
         loop keeps serving other tasks (and coroutine kernels work)."""
-        return await _benchmark.abenchmark(
-            self, device, repeat, number, min_repeat_ms, end_to_end, progress, inputs
-        )
+        times = (repeat, number, min_repeat_ms)
+        return await _benchmark.evaluator(
+            self, device, times, end_to_end, progress, inputs, awaited=True
+        ).acall()
 
     # -- lifetime ------------------------------------------------------------------
 

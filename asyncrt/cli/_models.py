@@ -34,6 +34,7 @@ import numpy as np
 
 from devices import Device, list_devices, numpy_dtype
 
+from .._module_files import import_file
 from ..errors import (
     ArgumentError,
     DeviceNotFoundError,
@@ -662,13 +663,4 @@ def _import_file(name: str) -> None:
             f"--import {name}: a module named {module_name!r} is imported "
             "already; rename the file"
         )
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ArgumentError(f"--import {name}: not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[module_name]
-        raise
+    import_file(module_name, path)

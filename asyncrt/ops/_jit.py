@@ -38,12 +38,13 @@ import functools
 import importlib
 import importlib.util
 import os
-import sys
 import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from .._module_files import import_file
 
 __all__ = (
     "available",
@@ -143,17 +144,7 @@ def compile_source(module: str, text: str, name: str) -> Callable[..., Any]:
                 partial = path.with_suffix(f".{os.getpid()}.tmp")
                 partial.write_text(text)
                 os.replace(partial, path)  # other processes see all or nothing
-            spec = importlib.util.spec_from_file_location(module, path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load generated kernel {path}")
-            loaded = importlib.util.module_from_spec(spec)
-            # numba's disk cache finds the module by name when it loads
-            sys.modules[module] = loaded
-            try:
-                spec.loader.exec_module(loaded)
-            except BaseException:
-                del sys.modules[module]
-                raise
+            loaded = import_file(module, path)
             _modules[(str(folder), module)] = loaded
     function: Callable[..., Any] = getattr(loaded, name)
     return function

@@ -19,8 +19,8 @@ in this process, whatever the backend.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
 
 import anyio
 
@@ -47,9 +47,11 @@ __all__ = (
 AnyContext = RunContext | ProcessContext
 
 
-class ContextBackend(Protocol):
-    """Makes the pooled run contexts of an executor."""
+class ContextBackend(abc.ABC):
+    """Makes the pooled run contexts of an executor; a backend overrides
+    what it does beyond making them (the defaults do nothing)."""
 
+    @abc.abstractmethod
     def new_context(
         self, compiled: CompiledGraph, parameters: Parameters, generation: int
     ) -> AnyContext:
@@ -68,28 +70,29 @@ class ContextBackend(Protocol):
     ) -> None:
         """Get ready for the first pooled run (awaited before each; cheap
         once ready). ``generation()`` is the executor's current one."""
+        return None  # contexts in this process need nothing first
 
     def parameters_changed(self) -> None:
         """Forget what was derived from the parameters' values."""
+        return None  # nothing derived by default
 
     @property
     def blas(self) -> str | None:
         """The OpenBLAS kernel set the contexts load, if the backend chose
         one (``None`` otherwise)."""
+        return None
 
     @property
     def blas_timing(self) -> Mapping[str, float] | None:
         """What choosing :attr:`blas` measured, if anything."""
+        return None
 
 
-class InProcess:
+class InProcess(ContextBackend):
     """Run contexts in this process.
 
     :param on_context: called with every new context (tracing).
     """
-
-    blas = None
-    blas_timing = None
 
     def __init__(self, on_context: Callable[[RunContext], None] | None = None) -> None:
         self._on_context = on_context
@@ -98,18 +101,6 @@ class InProcess:
         self, compiled: CompiledGraph, parameters: Parameters, generation: int
     ) -> AnyContext:
         return new_run_context(compiled, parameters, generation, self._on_context)
-
-    async def prepare(
-        self,
-        compiled: CompiledGraph,
-        parameters: Parameters,
-        generation: Callable[[], int],
-        pool: ContextPool[AnyContext],
-    ) -> None:
-        return None
-
-    def parameters_changed(self) -> None:
-        return None
 
 
 def new_run_context(
@@ -151,7 +142,7 @@ def nbytes_of(compiled: CompiledGraph, parameters: Parameters) -> int:
     return context_nbytes(compiled.plan, owned_inputs(compiled, parameters))
 
 
-class WorkerProcesses:
+class WorkerProcesses(ContextBackend):
     """Run contexts in worker processes (``processes=True``).
 
     :param options: the executor's options (worker imports, niceness,

@@ -74,6 +74,21 @@ class CacheStats:
     build_seconds: float
     last_build_seconds: float
 
+    def summary(self) -> str:
+        """The figures as two lines of text."""
+        mean = self.build_seconds / self.builds if self.builds else 0.0
+        return (
+            f"plans {self.size} cached of at most {self.max_plans}, "
+            f"{self.evictions} evicted\n"
+            f"requests {self.hits} hits, {self.misses} misses, {self.joined} joined "
+            f"a build in flight; builds {self.builds} ({1e3 * mean:.1f} ms each on "
+            f"average, last {1e3 * self.last_build_seconds:.1f} ms), "
+            f"{self.failures} failed"
+        )
+
+    def __str__(self) -> str:
+        return self.summary()
+
 
 class _Build(Generic[T]):
     """One build in flight (or finished, not yet collected)."""

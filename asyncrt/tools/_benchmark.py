@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 from devices import Device
 
 from ..errors import ArgumentError
-from ._time_evaluator import BenchmarkResult, Progress, TimeEvaluator, time_evaluator
+from ._time_evaluator import Progress, TimeEvaluator, time_evaluator
 
 if TYPE_CHECKING:
     from ..graph_executor import GraphModule
 
-__all__ = ("abenchmark", "benchmark")
+__all__ = ("evaluator",)
 
 
 def _check_device(module: GraphModule, device: Device | str | None) -> None:
@@ -39,57 +39,24 @@ def _check_device(module: GraphModule, device: Device | str | None) -> None:
         )
 
 
-def _evaluator(
-    func: Callable[..., Any],
-    repeat: int,
-    number: int,
-    min_repeat_ms: float | None,
+def evaluator(
+    module: GraphModule,
+    device: Device | str | None,
+    times: tuple[int, int, float | None],
+    end_to_end: bool,
     progress: Progress | None,
+    inputs: Mapping[str, Any],
+    *,
+    awaited: bool,
 ) -> TimeEvaluator:
-    return time_evaluator(
-        func,
-        number=number,
-        repeat=repeat,
-        min_repeat_ms=0.0 if min_repeat_ms is None else min_repeat_ms,
-        progress=progress,
-    )
+    """The time evaluator of ``module``'s runs (see
+    :meth:`GraphModule.benchmark`): full calls with ``inputs`` if
+    ``end_to_end``, else stateful runs with the inputs set once now;
+    awaited runs (call its ``acall``) or blocking ones.
 
-
-def benchmark(
-    module: GraphModule,
-    device: Device | str | None,
-    repeat: int,
-    number: int,
-    min_repeat_ms: float | None,
-    end_to_end: bool,
-    progress: Progress | None,
-    inputs: Mapping[str, Any],
-) -> BenchmarkResult:
-    """Time ``module``'s runs, blocking; see :meth:`GraphModule.benchmark`."""
-    _check_device(module, device)
-    if end_to_end:
-        evaluator = _evaluator(
-            lambda: module.run_sync(**inputs), repeat, number, min_repeat_ms, progress
-        )
-        return evaluator()
-    evaluator = _evaluator(module.run_sync, repeat, number, min_repeat_ms, progress)
-    if inputs:
-        module.set_input(**inputs)
-    return evaluator()
-
-
-async def abenchmark(
-    module: GraphModule,
-    device: Device | str | None,
-    repeat: int,
-    number: int,
-    min_repeat_ms: float | None,
-    end_to_end: bool,
-    progress: Progress | None,
-    inputs: Mapping[str, Any],
-) -> BenchmarkResult:
-    """Time ``module``'s runs, awaiting them; see
-    :meth:`GraphModule.abenchmark`."""
+    :param times: ``(repeat, number, min_repeat_ms)``.
+    :raises ArgumentError: for a device the executor does not use.
+    """
     _check_device(module, device)
 
     async def full_run() -> None:
@@ -98,11 +65,18 @@ async def abenchmark(
     async def stateful_run() -> None:
         await module.run()
 
-    if end_to_end:
-        return await _evaluator(
-            full_run, repeat, number, min_repeat_ms, progress
-        ).acall()
-    evaluator = _evaluator(stateful_run, repeat, number, min_repeat_ms, progress)
-    if inputs:
+    if awaited:
+        runs: tuple[Callable[[], Any], Callable[[], Any]] = (full_run, stateful_run)
+    else:
+        runs = (lambda: module.run_sync(**inputs), module.run_sync)
+    repeat, number, min_repeat_ms = times
+    timed = time_evaluator(
+        runs[0] if end_to_end else runs[1],
+        number=number,
+        repeat=repeat,
+        min_repeat_ms=0.0 if min_repeat_ms is None else min_repeat_ms,
+        progress=progress,
+    )
+    if inputs and not end_to_end:
         module.set_input(**inputs)
-    return await evaluator.acall()
+    return timed

@@ -17,12 +17,16 @@ are in seconds in the data and the exports, microseconds in the text table.
 A report of an executor served through a :class:`~asyncrt.serving.Batcher`
 can carry the batcher's figures (:meth:`ProfileReport.with_batching`:
 batch sizes, queue delay and batch time percentiles), printed after the
-tables and exported under ``"batching"``.
+tables and exported under ``"batching"``; a report of a model served by an
+executor of every shape can carry that executor's plan cache
+(:meth:`ProfileReport.with_plan_cache`: hits, misses, builds and their
+times), printed and exported under ``"plan_cache"``.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import statistics
@@ -39,6 +43,7 @@ from ..graph import Graph
 from ..ops import OP_ATTRS_ATTR, OP_NAME_ATTR
 
 if TYPE_CHECKING:
+    from ..runtime._plan_cache import CacheStats
     from ..serving import BatchStats
 
 __all__ = (
@@ -167,22 +172,15 @@ class NodeProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """The line as plain data (seconds)."""
-        return {
-            "nid": self.nid,
-            "name": self.name,
-            "op": self.op,
-            "device": self.device,
-            "stream": self.stream,
-            "time": self.time,
-            "wall": self.wall,
-            "percent": self.percent,
-            "shapes": [list(s) for s in self.shapes],
-            "dtypes": list(self.dtypes),
-            "inputs": list(self.inputs),
-            "measurements": list(self.measurements),
-            "op_type": self.kind,
-            "config": self.config,
-        }
+        data = dataclasses.asdict(self)
+        data.update(  # JSON's lists for tuples; the type even where it is the op
+            shapes=[list(s) for s in self.shapes],
+            dtypes=list(self.dtypes),
+            inputs=list(self.inputs),
+            measurements=list(self.measurements),
+            op_type=self.kind,
+        )
+        return data
 
 
 @dataclass(frozen=True)
@@ -204,13 +202,7 @@ class GroupProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """The line as plain data (seconds)."""
-        return {
-            "key": self.key,
-            "count": self.count,
-            "time": self.time,
-            "percent": self.percent,
-            "kernels": self.kernels,
-        }
+        return dataclasses.asdict(self)
 
 
 _NODE_SORT: dict[str, Callable[[NodeProfile], Any]] = {
@@ -233,6 +225,8 @@ class ProfileReport:
         report cut to its first lines keeps the whole run's).
     :param batching: the figures of the batcher that served the runs, or
         ``None``.
+    :param plan_cache: the plan cache of the executor that served them
+        (``GraphModule.plan_cache_stats()``), or ``None``.
     """
 
     def __init__(
@@ -242,6 +236,7 @@ class ProfileReport:
         run_time: float,
         total: float | None = None,
         batching: BatchStats | None = None,
+        plan_cache: CacheStats | None = None,
     ) -> None:
         self.nodes = tuple(nodes)
         self.runs = runs
@@ -251,12 +246,25 @@ class ProfileReport:
         self.total = sum(n.time for n in self.nodes) if total is None else total
         #: The figures of the batcher that served the runs, if given.
         self.batching = batching
+        #: The serving executor's plan cache figures, if given.
+        self.plan_cache = plan_cache
+
+    def _with(self, nodes: Sequence[NodeProfile], **extra: Any) -> ProfileReport:
+        """This report's figures over ``nodes``, ``extra`` replacing some."""
+        figures = {"batching": self.batching, "plan_cache": self.plan_cache, **extra}
+        return ProfileReport(nodes, self.runs, self.run_time, self.total, **figures)
 
     def with_batching(self, stats: BatchStats) -> ProfileReport:
         """The same report with a batcher's figures
         (``batcher.stats()``): printed after the tables, exported under
         ``"batching"``."""
-        return ProfileReport(self.nodes, self.runs, self.run_time, self.total, stats)
+        return self._with(self.nodes, batching=stats)
+
+    def with_plan_cache(self, stats: CacheStats) -> ProfileReport:
+        """The same report with an executor's plan cache figures
+        (``ex.plan_cache_stats()``: hits, misses, builds and their times):
+        printed after the tables, exported under ``"plan_cache"``."""
+        return self._with(self.nodes, plan_cache=stats)
 
     @classmethod
     def from_runs(
@@ -363,7 +371,7 @@ class ProfileReport:
             )
         reverse = key == "time" if descending is None else descending
         nodes = sorted(self.nodes, key=_NODE_SORT[key], reverse=reverse)
-        return ProfileReport(nodes, self.runs, self.run_time, self.total, self.batching)
+        return self._with(nodes)
 
     def by_op(self) -> tuple[GroupProfile, ...]:
         """Times summed per operator type (:attr:`NodeProfile.kind`),
@@ -408,7 +416,7 @@ class ProfileReport:
         """The first ``count`` lines (after sorting by time, the slowest);
         shares stay parts of the whole run's time."""
         nodes = self.nodes[: max(count, 0)]
-        return ProfileReport(nodes, self.runs, self.run_time, self.total, self.batching)
+        return self._with(nodes)
 
     # -- output ------------------------------------------------------------------
 
@@ -454,11 +462,14 @@ class ProfileReport:
         parts.append(self.summary())
         if self.batching is not None:
             parts.append("Batching\n" + self.batching.summary())
+        if self.plan_cache is not None:
+            parts.append("Plan cache\n" + self.plan_cache.summary())
         return "\n\n".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data (seconds; the batching figures, if any,
-        in milliseconds as :meth:`BatchStats.to_dict` gives them)."""
+        in milliseconds as :meth:`BatchStats.to_dict` gives them; the plan
+        cache's, if any, as its fields)."""
         data: dict[str, Any] = {
             "runs": self.runs,
             "run_time": self.run_time,
@@ -469,6 +480,8 @@ class ProfileReport:
         }
         if self.batching is not None:
             data["batching"] = self.batching.to_dict()
+        if self.plan_cache is not None:
+            data["plan_cache"] = dataclasses.asdict(self.plan_cache)
         return data
 
     def to_json(self, indent: int | None = 2) -> str:

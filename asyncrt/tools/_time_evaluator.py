@@ -22,6 +22,7 @@ worker thread, so the loop is never blocked.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import statistics
@@ -95,15 +96,7 @@ class BenchmarkResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as plain data (seconds), for JSON."""
-        return {
-            "mean": self.mean,
-            "median": self.median,
-            "std": self.std,
-            "min": self.min,
-            "max": self.max,
-            "number": self.number,
-            "results": list(self.results),
-        }
+        return {**dataclasses.asdict(self), "results": list(self.results)}
 
     def __str__(self) -> str:
         heads = ("mean (ms)", "median (ms)", "max (ms)", "min (ms)", "std (ms)")

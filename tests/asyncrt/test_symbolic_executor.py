@@ -298,3 +298,28 @@ async def test_symbolic_shapes_in_worker_processes() -> None:
             _close(await ex.run(**feed), session.run(None, feed))
         stats = ex.plan_cache_stats()
     assert stats is not None and (stats.builds, stats.hits) == (2, 1)
+
+
+@pytest.mark.anyio
+async def test_the_profile_report_carries_the_plan_cache() -> None:
+    graph, params, _ = _bert()
+    async with graph_executor.create(graph, params=params) as ex:
+        for batch, seq in [(1, 4), (2, 4), (1, 4)]:
+            await ex.run(**bert_feed(batch, seq))
+        stats = ex.plan_cache_stats()
+    assert stats is not None
+    static, static_params = from_onnx(
+        bert_encoder(TINY), {k: v.shape for k, v in bert_feed(1, 4).items()}
+    )
+    with debug_executor.create(static, params=static_params) as debug:
+        report = (await debug.aprofile(runs=1, **bert_feed(1, 4))).with_plan_cache(
+            stats
+        )
+    assert report.plan_cache == stats
+    text = str(report)
+    assert "Plan cache" in text and "1 hits, 2 misses" in text
+    assert "builds 2 (" in text
+    data = report.to_dict()["plan_cache"]
+    assert (data["hits"], data["misses"], data["builds"]) == (1, 2, 2)
+    # the figures survive sorting and cutting, as the batching figures do
+    assert report.sort("name").head(1).plan_cache == stats
