@@ -13,7 +13,10 @@ from the shapes of the ``--input`` arrays; a symbol that two inputs share
 (both ``input_ids`` and ``attention_mask`` are ``batch x sequence``) takes
 the value given for either, and one given nowhere is taken as 1, with a
 note. Inputs not given get seeded random data; an integer input that a
-Gather uses as indices gets values within the table it indexes.
+Gather uses as indices gets values within the table it indexes, and one
+that reaches no Gather gets ones (a mask that attends everywhere, a count
+or a step that is not zero: random integers would make an attention mask's
+``(1 - mask) * min`` overflow).
 """
 
 from __future__ import annotations
@@ -368,7 +371,7 @@ def make_inputs(
     notes = []
     for name in random:
         shape, dtype = shapes[name]
-        values[name] = _random(rng, shape, dtype, bounds.get(name))
+        values[name] = _random(rng, shape, dtype, bounds.get(name), name in indexing)
         if name in indexing and name not in bounds:
             notes.append(
                 f"input {name!r} reaches the indices of a Gather through other "
@@ -389,12 +392,18 @@ def _check_array(
 
 
 def _random(
-    rng: np.random.Generator, shape: tuple[int, ...], dtype: str, bound: int | None
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    dtype: str,
+    bound: int | None,
+    indexes: bool,
 ) -> np.ndarray[Any, Any]:
     target = numpy_dtype(dtype)
     if target.kind == "b":
         return rng.integers(0, 2, shape).astype(target)
     if target.kind in "iu":
+        if not indexes:
+            return np.ones(shape, dtype=target)
         return rng.integers(0, 10 if bound is None else bound, shape).astype(target)
     return rng.standard_normal(shape).astype(target)
 

@@ -372,6 +372,24 @@ def test_profile_a_bert_style_model_out_of_the_box(tmp_path: Path) -> None:
     assert json.loads(done.stdout)["outputs"][0]["shape"] == [2, 16, 4]
 
 
+def test_a_bert_attention_mask_gets_ones_not_overflowing_noise(tmp_path: Path) -> None:
+    # attention_mask reaches no Gather: random 0..9 made (1 - mask) * min
+    # overflow (a RuntimeWarning, then -inf scores and NaN rows).
+    onnx = pytest.importorskip("onnx")
+    from .frontend.symbolic_models import TINY, bert_encoder
+
+    model = tmp_path / "bert.onnx"
+    onnx.save(bert_encoder(TINY), str(model))
+    done = asyncrt_cli(
+        "run", str(model), "--shape", "input_ids=2x5", "--device", "cpu",
+        "--output", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr
+    hidden = np.load(tmp_path / "out" / "output_0.npy")
+    assert hidden.shape[:2] == (2, 5) and np.isfinite(hidden).all()
+
+
 def test_integer_inputs_that_index_get_values_within_the_table(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
