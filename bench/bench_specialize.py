@@ -62,7 +62,8 @@ MARK = "@@SPECIALIZE@@"
 DEFAULT_SHAPES = "1x16,2x64,2x65,4x32,8x128,1x128"
 
 
-def _median(fn: Callable[[], Any], runs: int) -> float:
+def median_seconds(fn: Callable[[], Any], runs: int) -> float:
+    """The median wall time of ``runs`` calls of ``fn``, seconds."""
     times = []
     for _ in range(runs):
         start = time.perf_counter()
@@ -108,8 +109,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         start = time.perf_counter()
         session.run(None, feed)
         ort_first = time.perf_counter() - start
-        ort_steady = _median(lambda f=feed: session.run(None, f), args.runs)
-        signature = _median(lambda s=shapes: graph.signature(s, {}), args.sig_runs)
+        ort_steady = median_seconds(lambda f=feed: session.run(None, f), args.runs)
+        signature = median_seconds(
+            lambda s=shapes: graph.signature(s, {}), args.sig_runs
+        )
         # A new signature, --repeats times: specialize, create, first run.
         specialize, create, first = [], [], []
         steady = 0.0
@@ -128,7 +131,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 got = ex.run_sync(**feed) or []
                 first.append(time.perf_counter() - start)
                 if repeat == args.repeats - 1:
-                    steady = _median(lambda e=ex, f=feed: e.run_sync(**f), args.runs)
+                    steady = median_seconds(
+                        lambda e=ex, f=feed: e.run_sync(**f), args.runs
+                    )
         specialize_s = statistics.median(specialize)
         create_s = statistics.median(create)
         first_s = statistics.median(first)
@@ -142,7 +147,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             static, static_params = from_onnx(model, shapes)
             graph_executor.create(static, None, "cpu", params=static_params).close()
 
-        today_s = _median(today, 2) if args.today else None
+        today_s = median_seconds(today, 2) if args.today else None
         rows.append(
             {
                 "shape": f"{batch}x{seq}",
