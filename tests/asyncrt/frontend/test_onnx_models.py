@@ -4,10 +4,9 @@ and sim devices by the scheduler, and through an exported artifact."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
-import networkx as nx
 import numpy as np
 import onnx
 import pytest
@@ -17,13 +16,11 @@ import devices.cpu
 from asyncrt import graph_executor
 from asyncrt.errors import GraphError
 from asyncrt.frontend import from_onnx
-from devices import Device, sim
+from devices import sim
 from devices.sim import SimConfig
-from scheduler.cost import CostModel
-from scheduler.dag import node_spec
-from scheduler.placement import Placement, evaluate
 
 from .models import encoder_block, model_of, small_cnn
+from .placements import round_robin
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -49,17 +46,6 @@ def _case(name: str) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
     return model, x, _reference(model, x)
 
 
-def _round_robin(
-    dag: nx.DiGraph, devices: Sequence[Device], cost: CostModel
-) -> Placement:
-    """Every operator on the next device in turn: every edge may cross."""
-    ops = [n for n in nx.topological_sort(dag) if not node_spec(dag, n).is_null]
-    chosen = {nid: devices[i % len(devices)] for i, nid in enumerate(ops)}
-    for nid in dag.nodes:
-        chosen.setdefault(nid, devices[0])
-    return evaluate(dag, devices, cost, chosen, name="round_robin")
-
-
 @pytest.mark.parametrize("name", MODELS)
 def test_matches_onnxruntime_on_cpu(name: str) -> None:
     model, x, expected = _case(name)
@@ -81,7 +67,7 @@ async def test_matches_onnxruntime_split_across_devices(
     monkeypatch.setattr(devices.cpu, "_measured_flops", lambda: 1e8)
     model, x, expected = _case(name)
     graph, params = from_onnx(model)
-    chosen = _round_robin if policy == "round_robin" else policy
+    chosen = round_robin if policy == "round_robin" else policy
     with graph_executor.create(graph, None, SPLIT, policy=chosen, params=params) as ex:
         used = {
             ex.plan.placement[n]

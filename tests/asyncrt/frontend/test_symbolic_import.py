@@ -8,12 +8,11 @@ import subprocess
 import sys
 import textwrap
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
 import numpy as np
 import onnx
 import pytest
@@ -24,12 +23,9 @@ from asyncrt import graph_executor
 from asyncrt.errors import GraphError, InputError, UnsupportedOpError
 from asyncrt.frontend import from_onnx
 from asyncrt.graph import Graph, SymbolicGraph, SymbolicInput
-from devices import Device
-from scheduler.cost import CostModel
-from scheduler.dag import node_spec
-from scheduler.placement import Placement, evaluate
 
 from .models import model_of, small_cnn
+from .placements import round_robin
 from .symbolic_models import (
     TINY,
     BertConfig,
@@ -121,17 +117,6 @@ def test_cnn_with_symbolic_batch_matches_onnxruntime() -> None:
         graph.signature({"x": (2, 4, 16, 16)}, {})
 
 
-def _round_robin(
-    dag: nx.DiGraph, devices: Sequence[Device], cost: CostModel
-) -> Placement:
-    """Every operator on the next device in turn: every edge may cross."""
-    ops = [n for n in nx.topological_sort(dag) if not node_spec(dag, n).is_null]
-    chosen = {nid: devices[i % len(devices)] for i, nid in enumerate(ops)}
-    for nid in dag.nodes:
-        chosen.setdefault(nid, devices[0])
-    return evaluate(dag, devices, cost, chosen, name="round_robin")
-
-
 @pytest.mark.anyio
 async def test_specializations_split_over_cpu_and_sim_devices() -> None:
     model = bert_encoder(TINY)
@@ -145,7 +130,7 @@ async def test_specializations_split_over_cpu_and_sim_devices() -> None:
             spec.graph,
             None,
             ["cpu:0", "sim:0", "sim:1"],
-            policy=_round_robin,
+            policy=round_robin,
             params=spec.with_shared(params),
         ) as executor:
             used = {executor.plan.placement[n] for n in range(len(spec.graph.nodes))}
