@@ -39,7 +39,6 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 from onnx.backend.test.case.test_case import TestCase
-from onnx.backend.test.runner import Runner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -47,6 +46,7 @@ from asyncrt.frontend import SUPPORTED_OPS
 from devices._dtype import is_extension
 from tests.asyncrt.frontend.conformance import (
     applicable_cases,
+    assert_outputs,
     expected_failure,
     node_cases,
     primary_op,
@@ -304,13 +304,7 @@ def _ort_passes(ort: Any, case: TestCase) -> bool:
             actual = session.run(None, feeds)
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            Runner.assert_similar_outputs(
-                [_array(e) for e in expected],
-                actual,
-                rtol=case.rtol,
-                atol=case.atol,
-                model_dir=case.name,
-            )
+            assert_outputs(case, expected, actual)
     except Exception:
         return False
     return True

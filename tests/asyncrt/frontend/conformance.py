@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -195,9 +196,20 @@ def run_case(case: TestCase, device: str = "cpu") -> None:
         executor.run_sync()
         count = executor.get_num_outputs()
         actual = [executor.get_output(i).numpy() for i in range(count)]
+    assert_outputs(case, expected, actual)
+
+
+def assert_outputs(
+    case: TestCase, expected: Sequence[Any], actual: Sequence[Any]
+) -> None:
+    """ONNX's own comparison of a case's ``expected`` and ``actual`` outputs
+    (``Runner.assert_similar_outputs``, the case's tolerances).
+
+    :raises AssertionError: if they differ.
+    """
     Runner.assert_similar_outputs(
         [_array(e) for e in expected],
-        actual,
+        list(actual),
         rtol=case.rtol,
         atol=case.atol,
         model_dir=case.name,
