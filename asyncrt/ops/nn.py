@@ -40,6 +40,7 @@ from ._common import (
 from ._im2col import bind_stride1, conv_stride1
 from ._kernels import Bindable
 from ._library import Attrs, define
+from ._strided import bind_strided
 from ._windows import (
     Geometry,
     bind_padded,
@@ -110,6 +111,10 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         if _depthwise.takes(xp, x, w, out, group):
             depthwise(x, w, *rest)()
             return
+        gathered = strided(x, w, *rest)
+        if gathered is not None:
+            gathered()
+            return
         if all(s == 1 for s in geometry.strides):
             begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
             bias = rest[0] if has_bias else None
@@ -152,10 +157,40 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             relu=relu,
         )
 
+    def strided(x: Array, w: Array, *rest: Array) -> Callable[[], None] | None:
+        """The strided convolution as one copy per tap and a GEMM, or
+        ``None`` where the strides are 1 or each group has one input
+        channel (:func:`_depthwise_taps` skips the GEMM) or the arrays are
+        not C-contiguous (a reshaped view would be a copy)."""
+        out = rest[-1]
+        if (
+            all(s == 1 for s in geometry.strides)
+            or w.shape[1] == 1
+            or not all(a.flags.c_contiguous for a in (x, w, *rest))
+        ):
+            return None
+        begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
+        return bind_strided(
+            xp,
+            x,
+            w,
+            rest[0] if has_bias else None,
+            out,
+            group,
+            geometry.strides,
+            begin,
+            geometry.dilations,
+            relu=relu,
+        )
+
     def bind(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
         out = rest[-1]
         if out.size and _depthwise.takes(xp, x, w, out, group):
             return depthwise(x, w, *rest)
+        if out.size and w.size and x.dtype != np.float16:
+            gathered = strided(x, w, *rest)
+            if gathered is not None:
+                return gathered
         bound = None
         # A bound call keeps reshaped views: of a strided array they would
         # be copies, blind to its later values.
