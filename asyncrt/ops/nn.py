@@ -1,13 +1,23 @@
 """Convolution, pooling and normalisation.
 
-Convolution is im2col plus one batched BLAS matmul. With strides of 1 (the
-common case) the column matrix is built from contiguous slices of flat
-padded planes (:mod:`asyncrt.ops._im2col`), depthwise convolutions
-included. Other strides gather the windows of the padded input (a strided
-view) into a ``(N, group, K, P)`` column matrix, and ``W (group, M/group,
-K) @ cols`` writes straight into the output array, viewed as ``(N, group,
-M/group, P)``; depthwise convolutions there skip the matmul for a
-multiply-add per kernel position over the whole output.
+Convolution is im2col plus one batched BLAS matmul that writes the
+planned output, in one of three ways:
+
+* depthwise convolutions (one input and one output channel per group)
+  take a compiled kernel of their own where numba is installed
+  (:mod:`asyncrt.ops._depthwise`);
+* strided convolutions, and stride-1 ones whose column matrix is large
+  (:data:`TAPS_MIN_CELLS`), fill the column matrix by one copy per kernel
+  tap from a strided view of the padded input, then ``W (group, M/group,
+  K) @ cols`` writes straight into the output viewed as ``(N, group,
+  M/group, P)`` (:mod:`asyncrt.ops._strided`);
+* other stride-1 convolutions build it from contiguous slices of flat
+  padded planes (:mod:`asyncrt.ops._im2col`), the banded matmul for
+  narrow depthwise planes included; a 1x1 kernel without pads needs no
+  copy at all.
+
+Without the compiled engine, strided depthwise convolutions skip the
+matmul for a multiply-add per kernel position over the whole output.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from ._common import (
     opt_ints,
     quiet,
 )
-from ._im2col import bind_stride1, conv_stride1
+from ._im2col import CHUNK_BYTES, bind_stride1, conv_stride1
 from ._kernels import Bindable
 from ._library import Attrs, define
 from ._strided import bind_strided
@@ -55,6 +65,13 @@ __all__ = ()
 Kernel = Callable[..., None]
 _AUTO_PAD = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 _ACTIVATIONS = ("none", "relu")
+#: Stride-1 convolutions whose column matrix has at least this many cells
+#: take one copy per tap and a GEMM over the real output positions
+#: rather than the flat-plane im2col, whose GEMM also computes the padded
+#: rows' junk columns (measured, one thread: 512 channels of 7 x 7, 3 x 3:
+#: 4.0 -> 3.1 ms; 256 of 14 x 14: 2.75 -> 2.58 ms; 64 of 56 x 56: 3.0 ->
+#: 2.9 ms).
+TAPS_MIN_CELLS = 1 << 16
 
 
 def _geometry(attrs: Attrs) -> Geometry:
@@ -158,17 +175,22 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         )
 
     def strided(x: Array, w: Array, *rest: Array) -> Callable[[], None] | None:
-        """The strided convolution as one copy per tap and a GEMM, or
-        ``None`` where the strides are 1 or each group has one input
-        channel (:func:`_depthwise_taps` skips the GEMM) or the arrays are
-        not C-contiguous (a reshaped view would be a copy)."""
+        """The convolution as one copy per tap and a GEMM over the real
+        output positions (:mod:`asyncrt.ops._strided`), or ``None`` where
+        each group has one input channel (:func:`_depthwise_taps` skips
+        the GEMM), the arrays are not C-contiguous (a reshaped view would
+        be a copy), or the strides are 1 and the flat-plane im2col does as
+        well: a 1x1 kernel (no copy at all), a column matrix of fewer than
+        :data:`TAPS_MIN_CELLS` cells (the extra copies' calls would cost
+        more) or of more than ``CHUNK_BYTES`` (it chunks the batch)."""
         out = rest[-1]
-        if (
-            all(s == 1 for s in geometry.strides)
-            or w.shape[1] == 1
-            or not all(a.flags.c_contiguous for a in (x, w, *rest))
-        ):
+        if w.shape[1] == 1 or not all(a.flags.c_contiguous for a in (x, w, *rest)):
             return None
+        if all(s == 1 for s in geometry.strides):
+            taps = math.prod(geometry.kernel)
+            cells = x.shape[0] * x.shape[1] * taps * math.prod(out.shape[2:])
+            if taps == 1 or not TAPS_MIN_CELLS <= cells <= CHUNK_BYTES // x.itemsize:
+                return None
         begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
         return bind_strided(
             xp,

@@ -1,5 +1,5 @@
-"""Strided convolutions (im2col by one copy per tap, then one GEMM)
-against a float64 reference: strides in every axis, uneven and missing
+"""Convolutions by one copy per tap and one GEMM (strided ones, and
+stride-1 ones with large column matrices) against a float64 reference: strides in every axis, uneven and missing
 pads, dilations, groups, 1-D and 3-D, 1x1 kernels, batches, bias and ReLU,
 a call and a binding alike, scratch kept by the binding or not."""
 
@@ -64,6 +64,9 @@ CASES = [
     ((1, 4, 13, 14), (6, 4, 3, 3), 1, [3, 1], [0, 2, 1, 0], [2, 1], False, False),
     ((1, 4, 5, 5), (6, 4, 3, 3), 1, [2, 2], [3, 3, 3, 3], [1, 1], True, False),
     ((2, 3, 21), (5, 3, 4), 1, [3], [1, 2], [2], True, True),
+    # stride 1 with a column matrix of at least TAPS_MIN_CELLS
+    ((1, 16, 24, 24), (8, 16, 3, 3), 1, [1, 1], [1, 1, 1, 1], [1, 1], True, True),
+    ((2, 8, 30, 29), (8, 2, 3, 3), 4, [1, 1], [2, 0, 1, 2], [2, 1], False, False),
     (
         (1, 2, 7, 6, 5),
         (3, 2, 2, 3, 2),
