@@ -4,13 +4,16 @@ numpy gathering a strided convolution's column matrix from a 6-D strided
 view of the padded input (one ``ascontiguousarray``) walks it element by
 element through six nested axes: the stem of a CNN (3 -> 16 channels,
 3 x 3, stride 2 at 224 x 224) took 630 us for 10.8 MFLOP that BLAS
-multiplies in 85. Here the column matrix ``cols (N, C, *kernel, *out)``
-is filled by one copy per kernel tap, each a strided view of the padded
-input whose rows are the tap's cells at the strides (numpy's 2-D strided
-copy loop: 2-3x faster than the 6-D gather, and faster than a compiled
-loop, which LLVM does not vectorise for stride-2 loads). Then ``W (group,
-M / group, K) @ cols`` writes the planned output directly, the output
-positions (the long axis) last.
+multiplies in 85. Here the padded input is first split into its phases
+(the cells at each offset modulo the strides: four for stride 2, one
+strided copy of the input in all), so that every kernel tap's cells are a
+window of one phase, whose rows are contiguous; the column matrix ``cols
+(N, C, *kernel, *out)`` is filled by one copy per tap from those windows.
+Then ``W (group, M / group, K) @ cols`` writes the planned output
+directly, the output positions (the long axis) last. With strides of 1
+(large column matrices, see :mod:`asyncrt.ops.nn`) the padded input is
+the one phase, and the GEMM covers the real output positions only (the
+flat-plane im2col's also covers its padded rows' junk columns).
 
 The column matrix is the same as numpy's gather makes, so results are the
 same BLAS products. The padded input's borders are written once, its
@@ -77,13 +80,50 @@ def bind_strided(
         *(slice(b, b + e) for b, e in zip(begin, spatial, strict=True)),
     )
     taps = list(itertools.product(*(range(k) for k in kernel)))
-    picks = [
+    everything = (slice(None), slice(None))
+    # With strides, the padded input is split into its phases first (the
+    # cells at each offset modulo the stride, one strided copy of the input
+    # in all): every tap's cells are then a window of one phase, rows of
+    # contiguous cells, not a stride-2 walk per tap.
+    phased = any(s > 1 for s in strides)
+    # (only the phases some tap reads: a 1x1 kernel reads one)
+    phases = sorted(
+        {
+            tuple(t * d % s for t, d, s in zip(tap, dilations, strides, strict=True))
+            for tap in taps
+        }
+    )
+    phase_picks = [
+        (*everything, *(slice(r, None, s) for r, s in zip(phase, strides, strict=True)))
+        for phase in phases
+    ]
+    phase_shapes = [
         (
-            slice(None),
-            slice(None),
+            n,
+            c,
             *(
-                slice(t * d, t * d + (o - 1) * s + 1, s)
-                for t, d, o, s in zip(tap, dilations, out_spatial, strides, strict=True)
+                -(-(e - r) // s)
+                for e, r, s in zip(extents, phase, strides, strict=True)
+            ),
+        )
+        for phase in phases
+    ]
+    # tap -> (its phase's index, its window of that phase)
+    windows = [
+        (
+            phases.index(
+                tuple(
+                    t * d % s for t, d, s in zip(tap, dilations, strides, strict=True)
+                )
+            ),
+            (
+                *everything,
+                *(
+                    slice(t * d // s, t * d // s + o)
+                    for t, d, s, o in zip(
+                        tap, dilations, strides, out_spatial, strict=True
+                    )
+                ),
             ),
         )
         for tap in taps
@@ -92,27 +132,35 @@ def bind_strided(
     weights = w.reshape(group, m // group, -1)
     result = out.reshape(n, group, m // group, positions)
     bias_view = None if bias is None else bias.reshape(1, m, *(1,) * rank)
-    cells = n * c * (math.prod(padded_shape[2:]) * pads + len(taps) * positions)
+    cells = n * c * len(taps) * positions
+    cells += n * c * math.prod(extents) * (int(pads) + int(phased))
     copyto, matmul = xp.copyto, xp.matmul
 
-    def buffers() -> tuple[Array, Array, list[Array]]:
-        """The padded input (borders zero), the column matrix and its
-        rows' views, one per tap."""
+    def copies() -> tuple[list[tuple[Array, Array]], Array]:
+        """Fresh scratch: the copies a call makes, in order (into the
+        padded input, whose borders are zero, its phases, the column
+        matrix's rows), and the column matrix."""
         padded = xp.zeros(padded_shape, dtype=x.dtype) if pads else x
+        steps = [(padded[inner], x)] if pads else []
+        sources = [padded]
+        if phased:
+            sources = [xp.empty(shape, dtype=x.dtype) for shape in phase_shapes]
+            steps += zip(sources, [padded[pick] for pick in phase_picks], strict=True)
         cols = xp.empty((n, c, *kernel, *out_spatial), dtype=x.dtype)
         by_tap = cols.reshape(n, c, len(taps), *out_spatial)
-        return padded, cols, [by_tap[:, :, i] for i in range(len(taps))]
+        for i, (phase, window) in enumerate(windows):
+            # (with strides of 1 the one phase is the padded input itself)
+            steps.append((by_tap[:, :, i], sources[phase][window]))
+        return steps, cols.reshape(n, group, -1, positions)
 
-    def compute(padded: Array, cols: Array, rows: list[Array]) -> None:
-        if pads:
-            copyto(padded[inner], x)
-        for row, pick in zip(rows, picks, strict=True):
-            copyto(row, padded[pick])
-        matmul(weights, cols.reshape(n, group, -1, positions), out=result)
+    def compute(steps: list[tuple[Array, Array]], matrix: Array) -> None:
+        for target, source in steps:
+            copyto(target, source)
+        matmul(weights, matrix, out=result)
         add_bias_relu(xp, out, bias_view, out, relu)
 
     if cells * x.itemsize <= limit:
-        kept = buffers()
+        kept = copies()
 
         def strided() -> None:
             compute(*kept)
@@ -120,6 +168,6 @@ def bind_strided(
         return strided
 
     def allocating() -> None:
-        compute(*buffers())
+        compute(*copies())
 
     return allocating
