@@ -18,7 +18,8 @@ flat-plane im2col's also covers its padded rows' junk columns).
 The column matrix is the same as numpy's gather makes, so results are the
 same BLAS products. The padded input's borders are written once, its
 interior every call. Scratch is kept by a binding where it fits in
-``BOUND_SCRATCH_BYTES``, else allocated per call.
+``BOUND_SCRATCH_BYTES``, else borrowed from the calling thread per call
+(:mod:`asyncrt.ops._scratch`: fresh megabytes per call are slow).
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ import itertools
 import math
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
-from . import _common
+import numpy as np
+
+from . import _common, _scratch
 from ._common import Array, add_bias_relu
 
 __all__ = ("bind_strided",)
@@ -136,17 +140,23 @@ def bind_strided(
     cells += n * c * math.prod(extents) * (int(pads) + int(phased))
     copyto, matmul = xp.copyto, xp.matmul
 
-    def copies() -> tuple[list[tuple[Array, Array]], Array]:
-        """Fresh scratch: the copies a call makes, in order (into the
-        padded input, whose borders are zero, its phases, the column
-        matrix's rows), and the column matrix."""
-        padded = xp.zeros(padded_shape, dtype=x.dtype) if pads else x
+    shapes = (
+        *((padded_shape,) if pads else ()),
+        *(phase_shapes if phased else ()),
+        (n, c, *kernel, *out_spatial),
+    )
+
+    def copies(scratch: list[Array]) -> tuple[list[tuple[Array, Array]], Array]:
+        """The copies a call makes into ``scratch`` (arrays of ``shapes``),
+        in order (into the padded input, its phases, the column matrix's
+        rows), and the column matrix."""
+        padded = scratch[0] if pads else x
         steps = [(padded[inner], x)] if pads else []
         sources = [padded]
         if phased:
-            sources = [xp.empty(shape, dtype=x.dtype) for shape in phase_shapes]
+            sources = scratch[int(pads) : -1]
             steps += zip(sources, [padded[pick] for pick in phase_picks], strict=True)
-        cols = xp.empty((n, c, *kernel, *out_spatial), dtype=x.dtype)
+        cols = scratch[-1]
         by_tap = cols.reshape(n, c, len(taps), *out_spatial)
         for i, (phase, window) in enumerate(windows):
             # (with strides of 1 the one phase is the padded input itself)
@@ -160,14 +170,41 @@ def bind_strided(
         add_bias_relu(xp, out, bias_view, out, relu)
 
     if cells * x.itemsize <= limit:
-        kept = copies()
+        kept = [xp.empty(shape, dtype=x.dtype) for shape in shapes]
+        if pads:
+            kept[0].fill(0)  # the borders stay zero: only the interior is written
+        prepared = copies(kept)
 
         def strided() -> None:
-            compute(*kept)
+            compute(*prepared)
 
         return strided
+    if xp is not np:
 
-    def allocating() -> None:
-        compute(*copies())
+        def allocating() -> None:
+            fresh = [xp.zeros(shape, dtype=x.dtype) for shape in shapes]
+            compute(*copies(fresh))
 
-    return allocating
+        return allocating
+    # The views into the thread's scratch, made again only if it moved.
+    cache: list[Any] = [None, None, None]
+
+    # The padded input's borders: one slab before and one after the
+    # interior along each spatial axis.
+    slabs = [
+        (*everything, *(slice(None),) * axis, side)
+        for axis, (b, e) in enumerate(zip(begin, spatial, strict=True))
+        for side in (slice(0, b), slice(b + e, None))
+    ]
+
+    def borrowed() -> None:
+        scratch = _scratch.borrow(shapes, x.dtype)
+        key = scratch[-1].ctypes.data
+        if cache[0] != key:
+            borders = [scratch[0][slab] for slab in slabs] if pads else []
+            cache[:] = [key, copies(scratch), borders]
+        for border in cache[2]:
+            border.fill(0)  # other kernels on this thread wrote over them
+        compute(*cache[1])
+
+    return borrowed

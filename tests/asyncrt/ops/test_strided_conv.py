@@ -1,7 +1,9 @@
 """Convolutions by one copy per tap and one GEMM (strided ones, and
-stride-1 ones with large column matrices) against a float64 reference: strides in every axis, uneven and missing
-pads, dilations, groups, 1-D and 3-D, 1x1 kernels, batches, bias and ReLU,
-a call and a binding alike, scratch kept by the binding or not."""
+stride-1 ones with large column matrices) against a float64 reference:
+strides in every axis, uneven and missing pads, dilations, groups, 1-D and
+3-D, 1x1 kernels, batches, bias and ReLU, a call and a binding alike,
+scratch kept by the binding or borrowed from the thread (left dirty by
+other kernels)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt.ops import _common, register_op_kernel
+from asyncrt.ops import _common, _scratch, register_op_kernel
 from asyncrt.ops._kernels import global_namespace_func
 
 
@@ -80,6 +82,11 @@ CASES = [
 ]
 
 
+def _dirty_scratch() -> None:
+    """NaN over this thread's scratch buffer (its first MiB)."""
+    _scratch.borrow(((1 << 18,),), np.dtype(np.float32))[0].fill(np.nan)
+
+
 def _conv(
     x: np.ndarray[Any, Any],
     w: np.ndarray[Any, Any],
@@ -112,6 +119,7 @@ def _conv(
         call()
         x[...] += 1  # a bound call sees its arrays' new values
         want = _reference(x, w, b, group, strides, pads, dilations)
+        _dirty_scratch()  # as another kernel on this thread leaves it
         call()
     else:
         kernel(*args)
