@@ -33,7 +33,7 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
-from . import _common, _depthwise
+from . import _common, _depthwise, _scratch
 from ._builtin import ones_vector
 from ._common import (
     Array,
@@ -273,10 +273,60 @@ def _max_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
                 xp, view, x.shape, begin, geometry, column_major, indices[0]
             )
 
+    def borrowed(x: Array, out: Array) -> Callable[[], None]:
+        """:func:`folds` in the calling thread's scratch (fresh megabytes
+        per call are slow, see :mod:`asyncrt.ops._scratch`), the views
+        made again only if the scratch moved; the pads filled each call
+        (other kernels on the thread write over them)."""
+        begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
+        spatial = x.shape[2:]
+        extents = [b + e + r for b, e, r in zip(begin, spatial, reach, strict=True)]
+        padded_shape = (*x.shape[:2], *extents)
+        size = math.prod(padded_shape)
+        lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        inner = (
+            slice(None),
+            slice(None),
+            *(slice(b, b + e) for b, e in zip(begin, spatial, strict=True)),
+        )
+        slabs = [
+            (slice(None), slice(None), *(slice(None),) * axis, side)
+            for axis, (b, e) in enumerate(zip(begin, spatial, strict=True))
+            for side in (slice(0, b), slice(b + e, None))
+        ]
+        copyto = np.copyto
+        cache: list[Any] = [None, None, None]
+
+        def prepare(flat: Array) -> tuple[list[Array], Callable[[], None]]:
+            padded = flat[:size].reshape(padded_shape)
+            rest = [size]  # the next free element of flat
+
+            def empty(shape: list[int]) -> Array:
+                start, rest[0] = rest[0], rest[0] + math.prod(shape)
+                return flat[start : rest[0]].reshape(shape)
+
+            refresh = functools.partial(copyto, padded[inner], x)
+            fold = bind_reduce_windows(
+                np, padded, geometry, np.maximum, out, refresh, empty
+            )
+            return [padded[slab] for slab in slabs], fold
+
+        def pool() -> None:
+            (flat,) = _scratch.borrow(((size * len(extents),),), x.dtype)
+            if cache[0] != flat.ctypes.data:
+                cache[:] = [flat.ctypes.data, *prepare(flat)]
+            for border in cache[1]:
+                border.fill(lowest)
+            cache[2]()
+
+        return pool
+
     def bind(x: Array, out: Array, *indices: Array) -> Callable[[], None]:
         begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
-        if with_indices or not _fits(x, begin, reach):
+        if with_indices or (xp is not np and not _fits(x, begin, reach)):
             return functools.partial(max_pool, x, out, *indices)
+        if not _fits(x, begin, reach):
+            return borrowed(x, out)
         return folds(x, out)[1]
 
     return Bindable(max_pool, bind)
