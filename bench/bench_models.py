@@ -32,8 +32,9 @@ Runners:
   peers' interpreter (``--peer-py`` or ``$PEER_PY``, made by
   ``../shared/bench/setup_peers.sh``); skipped without one.
 
-``gpt`` (a GPT-2-style decoder, batch 4 x sequence 100) and ``mnv3`` (a
-MobileNetV3-Small-style CNN, batch 1, 224 x 224) are exported from PyTorch
+``gpt`` (a GPT-2-style decoder, batch 4 x sequence 100), ``mnv3`` (a
+MobileNetV3-Small-style CNN, batch 1, 224 x 224) and ``resnet18`` (a
+ResNet-18-style CNN, batch 1, 224 x 224) are exported from PyTorch
 by ``export_models.py`` on first use (PyTorch is the ``bench`` extra).
 
 The GPU runners and the ``enc-b16`` model (the encoder at batch 16, sequence
@@ -75,9 +76,9 @@ RUNNERS = (
 )
 #: Run in the peers' interpreter, and by default only where there is one.
 TVM_RUNNERS = ("tvm", "tvm-fused")
-MODELS = ("cnn", "cnn-b32", "enc", "enc-s128", "gpt", "mnv3")
+MODELS = ("cnn", "cnn-b32", "enc", "enc-s128", "gpt", "mnv3", "resnet18")
 #: Exported from PyTorch by ``export_models.py`` (the ``bench`` extra).
-EXPORTED = ("gpt", "mnv3")
+EXPORTED = ("gpt", "mnv3", "resnet18")
 
 
 def build_model(name: str) -> tuple[Any, dict[str, Any]]:

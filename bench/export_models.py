@@ -1,4 +1,4 @@
-"""Two models of families the test suite does not build, exported from
+"""Three models of families the test suite does not build, exported from
 PyTorch (random weights, fixed seed, fixed shapes) for ``bench_models.py``:
 
 * ``gpt``: a GPT-2-style decoder: token and position embeddings, 4 blocks
@@ -12,6 +12,11 @@ PyTorch (random weights, fixed seed, fixed shapes) for ``bench_models.py``:
   expansion, 3x3 or 5x5 depthwise convolution, squeeze-excitation with
   ReLU and hard-sigmoid, 1x1 projection, residual adds), batch norms
   (folded by the exporter), global pooling and a two-layer classifier.
+* ``resnet18``: a ResNet-18-style CNN at batch 1, 224 x 224 (the issue's
+  named CNN): a 7x7 stride-2 stem, max pooling, four stages of two basic
+  blocks (3x3 convolutions, batch norms folded, ReLU, residual adds, 1x1
+  stride-2 projections where the shape changes), global pooling and a
+  linear classifier, in plain torch modules with random weights.
 
     .venv/bin/python bench/export_models.py            # writes bench/models/
     .venv/bin/python bench/export_models.py --check    # and compares with torch
@@ -33,7 +38,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 MODEL_DIR = HERE / "models"
 #: name -> (input shapes, input dtypes) at the benchmark's fixed size
-MODELS = ("gpt", "mnv3")
+MODELS = ("gpt", "mnv3", "resnet18")
 OPSET = 17
 GPT = {"batch": 4, "seq": 100, "dim": 256, "heads": 8, "layers": 4, "vocab": 1024}
 
@@ -186,7 +191,66 @@ def _mnv3_module() -> tuple[Any, tuple[Any, ...]]:
             return self.head(torch.flatten(x, 1))
 
     model = MobileNetV3()
-    # Batch norms with statistics of their own, not the identity.
+    _random_batch_norms(model)
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    return model, (x,)
+
+
+def _resnet18_module() -> tuple[Any, tuple[Any, ...]]:
+    import torch
+    from torch import nn
+
+    class BasicBlock(nn.Module):
+        def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(c_out)
+            self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(c_out)
+            self.down: Any = None
+            if stride != 1 or c_in != c_out:
+                self.down = nn.Sequential(
+                    nn.Conv2d(c_in, c_out, 1, stride, bias=False),
+                    nn.BatchNorm2d(c_out),
+                )
+
+        def forward(self, x: Any) -> Any:
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            skip = x if self.down is None else self.down(x)
+            return torch.relu(y + skip)
+
+    class ResNet18(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            layers: list[Any] = [
+                nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+                nn.BatchNorm2d(64),
+                nn.ReLU(),
+                nn.MaxPool2d(3, 2, 1),
+            ]
+            c = 64
+            for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+                layers += [BasicBlock(c, width, stride), BasicBlock(width, width, 1)]
+                c = width
+            self.features = nn.Sequential(*layers)
+            self.fc = nn.Linear(512, 1000)
+
+        def forward(self, x: Any) -> Any:
+            x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+            return self.fc(torch.flatten(x, 1))
+
+    model = ResNet18()
+    _random_batch_norms(model)
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    return model, (x,)
+
+
+def _random_batch_norms(model: Any) -> None:
+    """Batch norms with statistics of their own, not the identity."""
+    import torch
+    from torch import nn
+
     generator = torch.Generator().manual_seed(1)
     for module in model.modules():
         if isinstance(module, nn.BatchNorm2d):
@@ -195,8 +259,9 @@ def _mnv3_module() -> tuple[Any, tuple[Any, ...]]:
             module.running_var.copy_(0.5 + torch.rand(n, generator=generator))
             module.weight.data.copy_(0.5 + torch.rand(n, generator=generator))
             module.bias.data.copy_(0.1 * torch.randn(n, generator=generator))
-    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
-    return model, (x,)
+
+
+_MAKERS = {"gpt": _gpt_module, "mnv3": _mnv3_module, "resnet18": _resnet18_module}
 
 
 def export(name: str) -> bytes:
@@ -207,9 +272,8 @@ def export(name: str) -> bytes:
     """
     import torch
 
-    makers = {"gpt": _gpt_module, "mnv3": _mnv3_module}
     torch.manual_seed(0)
-    module, args = makers[name]()
+    module, args = _MAKERS[name]()
     module.eval()
     buffer = io.BytesIO()
     with torch.no_grad():
@@ -273,9 +337,8 @@ def main() -> None:
             sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
             inputs = feed(name)
             got = sess.run(None, inputs)[0]
-            makers = {"gpt": _gpt_module, "mnv3": _mnv3_module}
             torch.manual_seed(0)
-            module, _ = makers[name]()
+            module, _ = _MAKERS[name]()
             module.eval()
             with torch.no_grad():
                 want = module(*(torch.from_numpy(v) for v in inputs.values()))

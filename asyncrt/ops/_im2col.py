@@ -29,7 +29,8 @@ per-chunk calls cost more than the cache saves).
 context's): the views and scratch buffers are made once, and a call is the
 four or five array calls alone (half the time of a small model's conv).
 Scratch kept per binding is bounded by ``BOUND_SCRATCH_BYTES``; larger
-convolutions allocate per call, where the work dwarfs it.
+convolutions borrow the calling thread's scratch per call
+(:mod:`asyncrt.ops._scratch`: fresh megabytes per call are slow).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _banded, _common
+from . import _banded, _common, _scratch
 from ._common import Array, add_bias_relu
 
 __all__ = ("CHUNK_BYTES", "bind_stride1", "conv_stride1")
@@ -222,10 +223,13 @@ def bind_stride1(
     banded: bool = True,
 ) -> Callable[[], None] | None:
     """:func:`conv_stride1` on these arrays, every time: a call without
-    arguments, or ``None`` where the batch takes several chunks or the
-    scratch would not fit in ``limit`` bytes (default
-    ``BOUND_SCRATCH_BYTES``). Depthwise convolutions of narrow planes take
-    a banded matmul instead (:mod:`asyncrt.ops._banded`)."""
+    arguments, or ``None`` where the batch takes several chunks (or a
+    banded matmul's scratch does not fit in ``limit``). Scratch that fits
+    in ``limit`` bytes (default ``BOUND_SCRATCH_BYTES``) is the binding's
+    own; more is borrowed from the calling thread per call
+    (:mod:`asyncrt.ops._scratch`; ``None`` off numpy). Depthwise
+    convolutions of narrow planes take a banded matmul instead
+    (:mod:`asyncrt.ops._banded`)."""
     if limit is None:
         limit = _common.BOUND_SCRATCH_BYTES
     if banded and _banded.takes(xp, x, w, out, group, dilations):
@@ -255,7 +259,8 @@ def bind_stride1(
             limit=min(limit, CHUNK_BYTES),
             exact=exact,
         )
-        if call is not None:
+        if call is not None or limit < CHUNK_BYTES:
+            # Without room to keep the band, the plain call makes it.
             return call
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
@@ -272,20 +277,46 @@ def bind_stride1(
             add_bias_relu(xp, out, bias_view, out, relu)
 
         return direct
-    scratch = x.itemsize * n * (c * layout.row + c * math.prod(layout.taps) * length)
-    scratch += x.itemsize * n * m * length
-    if layout.chunk < n or scratch > limit:
+    if layout.chunk < n:
         return None
-    # The padded planes' borders stay zero: only their interior is written.
-    flat = xp.zeros((n, c, layout.row), dtype=x.dtype)
-    grid = flat[:, :, : layout.plane].reshape(n, c, *layout.padded)
+    shapes = ((n, c, layout.row), (n, c, *layout.taps, length), (n, group, mg, length))
     inner = (slice(None), slice(None), *layout.inner)
-    interior = grid[inner]
-    view = _windows(xp, flat, layout)
-    cols = xp.empty(view.shape, dtype=x.dtype)
-    matrix = cols.reshape(n, group, -1, length)
-    result = xp.empty((n, group, mg, length), dtype=x.dtype)
-    rows = result.reshape(n, m, out_spatial[0], *layout.padded[1:])[layout.keep]
+    rows_shape = (n, m, out_spatial[0], *layout.padded[1:])
+
+    def views(flat: Array, cols: Array, result: Array) -> tuple[Array, ...]:
+        """The views a call copies through, over these buffers."""
+        grid = flat[:, :, : layout.plane].reshape(n, c, *layout.padded)
+        return (
+            grid[inner],
+            _windows(xp, flat, layout),
+            cols.reshape(n, group, -1, length),
+            result.reshape(rows_shape)[layout.keep],
+        )
+
+    scratch = x.itemsize * sum(math.prod(shape) for shape in shapes)
+    if scratch > limit:
+        if xp is not np:
+            return None
+        # The views into the thread's scratch, made again only if it moved.
+        cache: list[Any] = [None, None]
+
+        def borrowed() -> None:
+            flat, cols, result = _scratch.borrow(shapes, x.dtype)
+            if cache[0] != flat.ctypes.data:
+                cache[:] = [flat.ctypes.data, views(flat, cols, result)]
+            interior, view, matrix, rows = cache[1]
+            flat.fill(0)  # other kernels on this thread wrote over the pads
+            copyto(interior, x)
+            copyto(cols, view)
+            matmul(weights, matrix, out=result)
+            add_bias_relu(xp, rows, bias_view, out, relu)
+
+        return borrowed
+    # The padded planes' borders stay zero: only their interior is written.
+    flat = xp.zeros(shapes[0], dtype=x.dtype)
+    cols = xp.empty(shapes[1], dtype=x.dtype)
+    result = xp.empty(shapes[2], dtype=x.dtype)
+    interior, view, matrix, rows = views(flat, cols, result)
 
     def padded() -> None:
         copyto(interior, x)

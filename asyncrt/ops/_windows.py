@@ -198,10 +198,16 @@ def bind_reduce_windows(
     combine: Callable[..., Any],
     out: Array,
     before: Callable[[], None] | None = None,
+    empty: Callable[[list[int]], Array] | None = None,
 ) -> Callable[[], None]:
     """:func:`reduce_windows` bound to these arrays (the strided views and
     the scratch between passes made once), after ``before`` (a
-    :func:`bind_padded` refresh) if given."""
+    :func:`bind_padded` refresh) if given.
+
+    :param empty: makes the scratch between passes (one array of each
+        shape asked for, each smaller than ``padded``, one fewer than the
+        folded axes); default ``xp.empty`` in ``out``'s dtype.
+    """
     out_spatial = tuple(out.shape[2:])
     # A one-cell axis needs no pass: its strided slice is a view.
     single = (
@@ -220,7 +226,12 @@ def bind_reduce_windows(
     for axis in folded:
         shape = list(source.shape)
         shape[2 + axis] = out_spatial[axis]
-        target = out if axis == folded[-1] else xp.empty(shape, dtype=out.dtype)
+        if axis == folded[-1]:
+            target = out
+        elif empty is not None:
+            target = empty(shape)
+        else:
+            target = xp.empty(shape, dtype=out.dtype)
         views = [
             source[
                 (slice(None),) * (2 + axis)

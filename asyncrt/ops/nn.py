@@ -1,13 +1,23 @@
 """Convolution, pooling and normalisation.
 
-Convolution is im2col plus one batched BLAS matmul. With strides of 1 (the
-common case) the column matrix is built from contiguous slices of flat
-padded planes (:mod:`asyncrt.ops._im2col`), depthwise convolutions
-included. Other strides gather the windows of the padded input (a strided
-view) into a ``(N, group, K, P)`` column matrix, and ``W (group, M/group,
-K) @ cols`` writes straight into the output array, viewed as ``(N, group,
-M/group, P)``; depthwise convolutions there skip the matmul for a
-multiply-add per kernel position over the whole output.
+Convolution is im2col plus one batched BLAS matmul that writes the
+planned output, in one of three ways:
+
+* depthwise convolutions (one input and one output channel per group)
+  take a compiled kernel of their own where numba is installed
+  (:mod:`asyncrt.ops._depthwise`);
+* strided convolutions, and stride-1 ones whose column matrix is large
+  (:data:`TAPS_MIN_CELLS`), fill the column matrix by one copy per kernel
+  tap from a strided view of the padded input, then ``W (group, M/group,
+  K) @ cols`` writes straight into the output viewed as ``(N, group,
+  M/group, P)`` (:mod:`asyncrt.ops._strided`);
+* other stride-1 convolutions build it from contiguous slices of flat
+  padded planes (:mod:`asyncrt.ops._im2col`), the banded matmul for
+  narrow depthwise planes included; a 1x1 kernel without pads needs no
+  copy at all.
+
+Without the compiled engine, strided depthwise convolutions skip the
+matmul for a multiply-add per kernel position over the whole output.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
-from . import _common, _depthwise
+from . import _common, _depthwise, _scratch
 from ._builtin import ones_vector
 from ._common import (
     Array,
@@ -37,9 +47,10 @@ from ._common import (
     opt_ints,
     quiet,
 )
-from ._im2col import bind_stride1, conv_stride1
+from ._im2col import CHUNK_BYTES, bind_stride1, conv_stride1
 from ._kernels import Bindable
 from ._library import Attrs, define
+from ._strided import bind_strided
 from ._windows import (
     Geometry,
     bind_padded,
@@ -54,6 +65,13 @@ __all__ = ()
 Kernel = Callable[..., None]
 _AUTO_PAD = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 _ACTIVATIONS = ("none", "relu")
+#: Stride-1 convolutions whose column matrix has at least this many cells
+#: take one copy per tap and a GEMM over the real output positions
+#: rather than the flat-plane im2col, whose GEMM also computes the padded
+#: rows' junk columns (measured, one thread: 512 channels of 7 x 7, 3 x 3:
+#: 4.0 -> 3.1 ms; 256 of 14 x 14: 2.75 -> 2.58 ms; 64 of 56 x 56: 3.0 ->
+#: 2.9 ms).
+TAPS_MIN_CELLS = 1 << 16
 
 
 def _geometry(attrs: Attrs) -> Geometry:
@@ -110,6 +128,10 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         if _depthwise.takes(xp, x, w, out, group):
             depthwise(x, w, *rest)()
             return
+        gathered = strided(x, w, *rest)
+        if gathered is not None:
+            gathered()
+            return
         if all(s == 1 for s in geometry.strides):
             begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
             bias = rest[0] if has_bias else None
@@ -152,10 +174,45 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             relu=relu,
         )
 
+    def strided(x: Array, w: Array, *rest: Array) -> Callable[[], None] | None:
+        """The convolution as one copy per tap and a GEMM over the real
+        output positions (:mod:`asyncrt.ops._strided`), or ``None`` where
+        each group has one input channel (:func:`_depthwise_taps` skips
+        the GEMM), the arrays are not C-contiguous (a reshaped view would
+        be a copy), or the strides are 1 and the flat-plane im2col does as
+        well: a 1x1 kernel (no copy at all), a column matrix of fewer than
+        :data:`TAPS_MIN_CELLS` cells (the extra copies' calls would cost
+        more) or of more than ``CHUNK_BYTES`` (it chunks the batch)."""
+        out = rest[-1]
+        if w.shape[1] == 1 or not all(a.flags.c_contiguous for a in (x, w, *rest)):
+            return None
+        if all(s == 1 for s in geometry.strides):
+            taps = math.prod(geometry.kernel)
+            cells = x.shape[0] * x.shape[1] * taps * math.prod(out.shape[2:])
+            if taps == 1 or not TAPS_MIN_CELLS <= cells <= CHUNK_BYTES // x.itemsize:
+                return None
+        begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
+        return bind_strided(
+            xp,
+            x,
+            w,
+            rest[0] if has_bias else None,
+            out,
+            group,
+            geometry.strides,
+            begin,
+            geometry.dilations,
+            relu=relu,
+        )
+
     def bind(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
         out = rest[-1]
         if out.size and _depthwise.takes(xp, x, w, out, group):
             return depthwise(x, w, *rest)
+        if out.size and w.size and x.dtype != np.float16:
+            gathered = strided(x, w, *rest)
+            if gathered is not None:
+                return gathered
         bound = None
         # A bound call keeps reshaped views: of a strided array they would
         # be copies, blind to its later values.
@@ -216,10 +273,60 @@ def _max_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
                 xp, view, x.shape, begin, geometry, column_major, indices[0]
             )
 
+    def borrowed(x: Array, out: Array) -> Callable[[], None]:
+        """:func:`folds` in the calling thread's scratch (fresh megabytes
+        per call are slow, see :mod:`asyncrt.ops._scratch`), the views
+        made again only if the scratch moved; the pads filled each call
+        (other kernels on the thread write over them)."""
+        begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
+        spatial = x.shape[2:]
+        extents = [b + e + r for b, e, r in zip(begin, spatial, reach, strict=True)]
+        padded_shape = (*x.shape[:2], *extents)
+        size = math.prod(padded_shape)
+        lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        inner = (
+            slice(None),
+            slice(None),
+            *(slice(b, b + e) for b, e in zip(begin, spatial, strict=True)),
+        )
+        slabs = [
+            (slice(None), slice(None), *(slice(None),) * axis, side)
+            for axis, (b, e) in enumerate(zip(begin, spatial, strict=True))
+            for side in (slice(0, b), slice(b + e, None))
+        ]
+        copyto = np.copyto
+        cache: list[Any] = [None, None, None]
+
+        def prepare(flat: Array) -> tuple[list[Array], Callable[[], None]]:
+            padded = flat[:size].reshape(padded_shape)
+            rest = [size]  # the next free element of flat
+
+            def empty(shape: list[int]) -> Array:
+                start, rest[0] = rest[0], rest[0] + math.prod(shape)
+                return flat[start : rest[0]].reshape(shape)
+
+            refresh = functools.partial(copyto, padded[inner], x)
+            fold = bind_reduce_windows(
+                np, padded, geometry, np.maximum, out, refresh, empty
+            )
+            return [padded[slab] for slab in slabs], fold
+
+        def pool() -> None:
+            (flat,) = _scratch.borrow(((size * len(extents),),), x.dtype)
+            if cache[0] != flat.ctypes.data:
+                cache[:] = [flat.ctypes.data, *prepare(flat)]
+            for border in cache[1]:
+                border.fill(lowest)
+            cache[2]()
+
+        return pool
+
     def bind(x: Array, out: Array, *indices: Array) -> Callable[[], None]:
         begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
-        if with_indices or not _fits(x, begin, reach):
+        if with_indices or (xp is not np and not _fits(x, begin, reach)):
             return functools.partial(max_pool, x, out, *indices)
+        if not _fits(x, begin, reach):
+            return borrowed(x, out)
         return folds(x, out)[1]
 
     return Bindable(max_pool, bind)

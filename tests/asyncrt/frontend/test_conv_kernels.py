@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from asyncrt import Bindable
-from asyncrt.ops import _banded, _common, _im2col, lookup
+from asyncrt.ops import _banded, _common, _im2col, _scratch, lookup
 
 
 def _reference(
@@ -172,8 +172,9 @@ def test_a_bound_conv_computes_what_the_call_does(
     bias: bool,
 ) -> None:
     """``kernel.bind(*arrays)()`` (views and scratch made once; with no room
-    for scratch, the plain call) gives the plain call's bits, run after run
-    on new values in the same arrays (the padding stays zero)."""
+    for scratch, the thread's scratch borrowed per call) gives the plain
+    call's bits, run after run on new values in the same arrays (the
+    padding stays zero, even where other kernels dirtied the scratch)."""
     monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", scratch_bytes)
     attrs = _stride1_attrs(ws, group, pads, dil, bias)
     if relu:
@@ -187,14 +188,17 @@ def test_a_bound_conv_computes_what_the_call_does(
     out_shape = _reference(x, w, None, group, pads, dil).shape
     out = np.full(out_shape, np.nan, np.float32)
     bound = kernel.bind(x, w, *b, out)
-    # With room for its scratch, every case here binds its own call.
-    assert isinstance(bound, functools.partial) == (scratch_bytes == 0 and any(pads))
+    # Every case here binds its own call, scratch kept or borrowed, but the
+    # banded matmul without room for its band (the plain call makes it).
+    banded = _banded.takes(np, x, w, out, group, tuple(dil))
+    assert isinstance(bound, functools.partial) == (scratch_bytes == 0 and banded)
     for _ in range(3):
         for array in (x, w, *b):
             array[...] = rng.standard_normal(array.shape)
         want = np.full(out_shape, np.nan, np.float32)
         kernel(x, w, *b, want)
         out[...] = np.nan
+        _scratch.borrow(((1 << 18,),), np.dtype(np.float32))[0].fill(np.nan)
         bound()
         np.testing.assert_array_equal(out, want)
     if relu:

@@ -1,6 +1,7 @@
 """The compiled depthwise convolution against the numpy paths (im2col,
 strided windows) and a float64 reference: strides, dilations, uneven pads,
-bias, ReLU, batches, non-finite inputs, a call and a binding alike."""
+bias, ReLU, batches, non-finite inputs, a call and a binding alike, in both
+of its layouts (NCHW planes and channels-last pixels)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,21 @@ CASES = [
     ((1, 17, 7, 7), (5, 5), [2, 1], [2, 2, 2, 2], [1, 1], False, True),
     ((1, 16, 4, 4), (5, 5), [1, 1], [0, 0, 0, 0], [1, 1], True, False),  # empty
     ((1, 16, 2, 3), (3, 3), [1, 1], [3, 3, 3, 3], [1, 1], True, False),  # pads > x
+    ((1, 16, 57, 58), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1], True, True),
+    ((2, 16, 30, 31), (5, 5), [1, 1], [2, 1, 2, 3], [2, 2], True, False),
+    ((1, 18, 33, 36), (5, 3), [2, 3], [2, 0, 1, 2], [1, 2], False, False),
 ]
+
+LAYOUTS = {"planes": 1, "pixels": 1 << 30}
+
+
+@pytest.fixture(params=sorted(LAYOUTS))
+def layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test in both layouts: every width on the NCHW planes, or every
+    width channels-last."""
+    name: str = request.param
+    monkeypatch.setattr(_depthwise, "PLANAR_MIN_WIDTH", LAYOUTS[name])
+    return name
 
 
 def _conv(
@@ -104,6 +119,7 @@ def _conv(
 )
 def test_compiled_depthwise_matches_the_reference_and_the_numpy_path(
     monkeypatch: pytest.MonkeyPatch,
+    layout: str,
     shape: tuple[int, ...],
     kernel: tuple[int, int],
     strides: list[int],
@@ -128,7 +144,7 @@ def test_compiled_depthwise_matches_the_reference_and_the_numpy_path(
     np.testing.assert_allclose(compiled, plain, rtol=1e-5, atol=1e-5)
 
 
-def test_non_finite_inputs_reach_only_the_outputs_they_feed() -> None:
+def test_non_finite_inputs_reach_only_the_outputs_they_feed(layout: str) -> None:
     x = np.zeros((1, 16, 8, 8), np.float32)
     x[0, 3, 4, 4] = np.inf
     x[0, 5, 0, 0] = np.nan

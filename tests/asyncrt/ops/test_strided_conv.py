@@ -1,0 +1,185 @@
+"""Convolutions by one copy per tap and one GEMM (strided ones, and
+stride-1 ones with large column matrices) against a float64 reference:
+strides in every axis, uneven and missing pads, dilations, groups, 1-D and
+3-D, 1x1 kernels, batches, bias and ReLU, a call and a binding alike,
+scratch kept by the binding or borrowed from the thread (left dirty by
+other kernels)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncrt.ops import _common, _scratch, register_op_kernel
+from asyncrt.ops._kernels import global_namespace_func
+
+
+def _reference(
+    x: np.ndarray[Any, Any],
+    w: np.ndarray[Any, Any],
+    b: np.ndarray[Any, Any] | None,
+    group: int,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+) -> np.ndarray[Any, Any]:
+    """Sum over every kernel offset and input channel, in float64."""
+    n, _, *spatial = x.shape
+    m, cg, *kernel = w.shape
+    rank = len(spatial)
+    width = [(0, 0), (0, 0), *zip(pads[:rank], pads[rank:], strict=True)]
+    padded = np.pad(x.astype(np.float64), width)
+    out_sp = [
+        (s + pads[a] + pads[rank + a] - (kernel[a] - 1) * dilations[a] - 1)
+        // strides[a]
+        + 1
+        for a, s in enumerate(spatial)
+    ]
+    out = np.zeros((n, m, *out_sp))
+    mg = m // group
+    for g in range(group):
+        xs = padded[:, g * cg : (g + 1) * cg]
+        ws = w[g * mg : (g + 1) * mg].astype(np.float64)
+        for pos in itertools.product(*(range(k) for k in kernel)):
+            picks = tuple(
+                slice(p * d, p * d + (o - 1) * s + 1, s)
+                for p, d, o, s in zip(pos, dilations, out_sp, strides, strict=True)
+            )
+            patch = xs[(slice(None), slice(None), *picks)]
+            out[:, g * mg : (g + 1) * mg] += np.einsum(
+                "mc,nc...->nm...", ws[(slice(None), slice(None), *pos)], patch
+            )
+    if b is not None:
+        out += b.reshape(1, m, *(1,) * rank)
+    return out
+
+
+CASES = [
+    # x shape, w shape, group, strides, pads, dilations, bias, relu
+    ((1, 3, 23, 22), (8, 3, 3, 3), 1, [2, 2], [1, 1, 1, 1], [1, 1], True, False),
+    ((2, 3, 20, 20), (6, 3, 7, 7), 1, [2, 2], [3, 3, 3, 3], [1, 1], False, True),
+    ((1, 8, 12, 12), (12, 8, 1, 1), 1, [2, 2], [0, 0, 0, 0], [1, 1], True, False),
+    ((2, 8, 11, 9), (8, 2, 3, 2), 4, [2, 3], [2, 0, 1, 1], [1, 1], True, True),
+    ((1, 4, 13, 14), (6, 4, 3, 3), 1, [3, 1], [0, 2, 1, 0], [2, 1], False, False),
+    ((1, 4, 5, 5), (6, 4, 3, 3), 1, [2, 2], [3, 3, 3, 3], [1, 1], True, False),
+    ((2, 3, 21), (5, 3, 4), 1, [3], [1, 2], [2], True, True),
+    # stride 1 with a column matrix of at least TAPS_MIN_CELLS
+    ((1, 16, 24, 24), (8, 16, 3, 3), 1, [1, 1], [1, 1, 1, 1], [1, 1], True, True),
+    ((2, 8, 30, 29), (8, 2, 3, 3), 4, [1, 1], [2, 0, 1, 2], [2, 1], False, False),
+    (
+        (1, 2, 7, 6, 5),
+        (3, 2, 2, 3, 2),
+        1,
+        [2, 1, 2],
+        [1, 0, 1, 0, 1, 0],
+        [1, 1, 1],
+        True,
+        False,
+    ),
+]
+
+
+def _dirty_scratch() -> None:
+    """NaN over this thread's scratch buffer (its first MiB)."""
+    _scratch.borrow(((1 << 18,),), np.dtype(np.float32))[0].fill(np.nan)
+
+
+def _conv(
+    x: np.ndarray[Any, Any],
+    w: np.ndarray[Any, Any],
+    b: np.ndarray[Any, Any] | None,
+    group: int,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    relu: bool,
+    bound: bool,
+) -> None:
+    attrs: dict[str, Any] = {
+        "kernel_shape": list(w.shape[2:]),
+        "strides": strides,
+        "dilations": dilations,
+        "pads": pads,
+        "auto_pad": "NOTSET",
+        "group": group,
+        "bias": b is not None,
+    }
+    if relu:
+        attrs["activation"] = "relu"
+    kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
+    assert kernel is not None
+    want = _reference(x, w, b, group, strides, pads, dilations)
+    out = np.full(want.shape, np.nan, x.dtype)
+    args = (x, w, *(() if b is None else (b,)), out)
+    if bound:
+        call = kernel.bind(*args)  # type: ignore[attr-defined]
+        call()
+        x[...] += 1  # a bound call sees its arrays' new values
+        want = _reference(x, w, b, group, strides, pads, dilations)
+        _dirty_scratch()  # as another kernel on this thread leaves it
+        call()
+    else:
+        kernel(*args)
+    if relu:
+        want = np.maximum(want, 0)
+    tolerance = 1e-5 if x.dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(out, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("scratch", ["kept", "per call"])
+@pytest.mark.parametrize("bound", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    ("xs", "ws", "group", "strides", "pads", "dilations", "bias", "relu"), CASES
+)
+def test_strided_conv_matches_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+    xs: tuple[int, ...],
+    ws: tuple[int, ...],
+    group: int,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    bias: bool,
+    relu: bool,
+    dtype: Any,
+    bound: bool,
+    scratch: str,
+) -> None:
+    if scratch == "per call":
+        monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", 0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype) if bias else None
+    _conv(x, w, b, group, strides, pads, dilations, relu, bound)
+
+
+def test_a_non_finite_input_reaches_only_the_outputs_it_feeds() -> None:
+    x = np.zeros((1, 2, 9, 9), np.float32)
+    x[0, 1, 4, 4] = np.inf
+    w = np.ones((3, 2, 3, 3), np.float32)
+    kernel = global_namespace_func(
+        register_op_kernel(
+            "conv",
+            {
+                "kernel_shape": [3, 3],
+                "strides": [2, 2],
+                "dilations": [1, 1],
+                "pads": [1, 1, 1, 1],
+                "auto_pad": "NOTSET",
+                "group": 1,
+                "bias": False,
+            },
+        ),
+        "numpy",
+    )
+    assert kernel is not None
+    out = np.zeros((1, 3, 5, 5), np.float32)
+    kernel.bind(x, w, out)()  # type: ignore[attr-defined]
+    # Input cell 4 (padded 5) is under output cell 2 of each axis alone.
+    assert np.isinf(out[:, :, 2, 2]).all()
+    assert np.isfinite(out).sum() == out.size - 3
