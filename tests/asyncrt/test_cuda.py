@@ -20,7 +20,8 @@ from asyncrt.errors import NodeFailedError
 from asyncrt.frontend import from_onnx
 from devices import Device
 
-from .frontend.test_onnx_models import _case, _round_robin
+from .frontend.placements import round_robin
+from .frontend.test_onnx_models import _case
 from .test_cancellation import assert_all_back, assert_next_run_correct
 from .test_executor import PARAMS, C, N, W, mlp_graph, reference
 from .test_fusion import CHAIN_PARAMS, chain_graph
@@ -56,7 +57,7 @@ def _check_mlp(outs: Any, x: np.ndarray) -> None:
     "devices", [["cuda:0"], ["cpu:0", "cuda:0"], ["cuda:0", "cpu:0", "sim:0"]]
 )
 async def test_builtin_kernels_run_on_cuda(devices: list[str]) -> None:
-    with _mlp(devices, policy=_round_robin) as ex:
+    with _mlp(devices, policy=round_robin) as ex:
         assert Device("cuda", 0) in set(ex.plan.placement.values())
         rng = np.random.default_rng(1)
         for _ in range(3):
@@ -70,7 +71,7 @@ async def test_builtin_kernels_run_on_cuda(devices: list[str]) -> None:
 @pytest.mark.anyio
 async def test_concurrent_runs_across_the_gpu_and_the_cpu() -> None:
     with _mlp(
-        ["cuda:0", "cpu:0"], policy=_round_robin, max_streams=2, max_contexts=4
+        ["cuda:0", "cpu:0"], policy=round_robin, max_streams=2, max_contexts=4
     ) as ex:
         assert Device("cuda", 0) in set(ex.plan.placement.values())
         xs = [
@@ -97,7 +98,7 @@ def test_onnx_models_match_onnxruntime(name: str, where: str) -> None:
     if where == "cuda":
         devices, policy = ["cuda:0"], "auto"
     else:
-        devices, policy = ["cpu:0", "cuda:0", "sim:0"], _round_robin
+        devices, policy = ["cpu:0", "cuda:0", "sim:0"], round_robin
     with graph_executor.create(
         graph, None, devices, policy=policy, params=params
     ) as ex:
@@ -168,7 +169,7 @@ async def test_cancelled_gpu_runs_give_everything_back(
 
     lib = asyncrt.Module({"relu": {"cuda": sleepy_relu}})
     async with graph_executor.create(
-        mlp_graph(), lib, ["cuda:0", "cpu:0"], policy=_round_robin, max_contexts=limit
+        mlp_graph(), lib, ["cuda:0", "cpu:0"], policy=round_robin, max_contexts=limit
     ) as ex:
         ex.load_params(PARAMS)
         rng = np.random.default_rng(len(delays))
