@@ -37,9 +37,9 @@ from ..errors import GraphError, UnsupportedOpError
 from ..graph import Graph, GraphBuilder, SymbolicGraph, TensorHandle
 from ..ops import OP_ATTRS_ATTR, OP_NAME_ATTR, encode_attrs, lookup, register_op_kernel
 from ..ops._kernels import global_namespace_func
-from ._names import DEFAULT_DOMAINS, unique_name
+from ._names import DEFAULT_DOMAINS, PRIVATE_DOMAIN, unique_name
 from ._rewrite import Rewritten, rewrite
-from ._rules import NOP, RULES, Call, Folded, NodeContext, Rule
+from ._rules import NOP, PRIVATE_RULES, RULES, Call, Folded, NodeContext, Rule
 from ._values import Const, Tensor, Value, spec_of, tvm_dtype
 
 __all__ = (
@@ -544,6 +544,9 @@ def node_rule(
     :raises UnsupportedOpError: for another domain, an operator without a
         rule, or one that is not in ``opset``.
     """
+    if node.domain == PRIVATE_DOMAIN and node.op_type in PRIVATE_RULES:
+        private, stand_in = PRIVATE_RULES[node.op_type]
+        return private, onnx.defs.get_schema(stand_in, opset, "")
     if node.domain not in DEFAULT_DOMAINS:
         version = next(
             (int(o.version) for o in model.opset_import if o.domain == node.domain),
