@@ -61,7 +61,9 @@ def _scale_add_softmax(ctx: NodeContext) -> Lowering:
         shape = tuple(int(d) for d in np.broadcast_shapes(x.shape, c.shape, m.shape))
     except ValueError:
         shape = None
-    if shape is None or shape != x.shape or not shape:
+    # X may be the smaller operand (a one-layer BERT's mask is the scaled
+    # one): the kernel's first ufunc broadcasts it into the output
+    if shape is None or not shape:
         reason = (
             f"cannot scale {list(x.shape)} by {list(c.shape)} and add {list(m.shape)}"
         )

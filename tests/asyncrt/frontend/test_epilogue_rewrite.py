@@ -298,3 +298,19 @@ def test_a_transpose_read_elsewhere_stays_a_copy() -> None:
     # kt is an output: not composed with ktt, which joins the matmul
     assert ops.count("Transpose") == 1
     _check(model, _heads_feeds())
+
+
+def test_a_scaled_mask_added_to_the_scores_fuses_too() -> None:
+    # one layer: the mask's Mul by finfo.min has one reader, the mask Add
+    model = _attention(17, "Mul")
+    nodes = list(model.graph.node)
+    nodes[0] = helper.make_node("Mul", ["mask", "c"], ["scaled"], name="scale")
+    nodes[1] = helper.make_node("Add", ["s", "scaled"], ["masked"], name="mask_add")
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    del model.graph.initializer[:]
+    model.graph.initializer.append(_scalar("c", -1e4))
+    assert _ops(rewrite(model).model) == ["ScaleAddSoftmax"]
+    padded = np.zeros((2, 1, 1, 4), np.float32)
+    padded[1, ..., 3] = 1.0  # a padded token
+    _check(model, {"s": _f32(2, 3, 4, 4), "mask": padded}, rtol=0.0)
