@@ -176,8 +176,9 @@ def test_scale_add_softmax_gives_the_unfused_kernels_bits(
 
 
 @pytest.mark.parametrize("bound", [False, True])
-def test_matmul_views_multiplies_the_transposed_views(bound: bool) -> None:
-    q, k = _float(2, 5, 3, 4), _float(2, 5, 3, 4)
+@pytest.mark.parametrize("seq", [5, 40])  # K^T as a view; copied first
+def test_matmul_views_multiplies_the_transposed_views(bound: bool, seq: int) -> None:
+    q, k = _float(2, seq, 3, 4), _float(2, seq, 3, 4)
     expected = np.matmul(
         np.ascontiguousarray(q.transpose(0, 2, 1, 3)),
         np.ascontiguousarray(k.transpose(0, 2, 3, 1)),
