@@ -273,6 +273,12 @@ def _matmul_views(xp: ModuleType, attrs: Attrs) -> Kernel:
         left = a if perm_a is None else a.transpose(perm_a)
         right = b if perm_b is None else b.transpose(perm_b)
         result = out if back is None else out.transpose(back)
+        if xp is not np:  # cupy's matmul may refuse a strided ``out``
+
+            def through_temporary() -> None:
+                xp.copyto(result, matmul(left, right))
+
+            return through_temporary
         if not _copies_right(right):
             return functools.partial(matmul, left, right, out=result)
         keep = right.nbytes <= BOUND_SCRATCH_BYTES
