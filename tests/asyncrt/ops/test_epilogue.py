@@ -194,3 +194,31 @@ def test_matmul_views_multiplies_the_transposed_views(bound: bool, seq: int) -> 
 def test_matmul_views_refuses_a_permutation_that_is_none() -> None:
     with pytest.raises(ValueError, match="perm_a"):
         _op("matmul_views", perm_a=[0, 0], perm_b=None, perm_out=None)
+
+
+@pytest.mark.skipif(not HAS_NUMBA, reason="numba")
+def test_loops_split_over_threads_give_the_same_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from asyncrt.ops import _epijit
+    from asyncrt.runtime import _threads
+
+    monkeypatch.setattr(_jit, "enabled", True)
+    monkeypatch.setattr(_epijit, "MIN_ELEMENTS_PER_THREAD", 8)
+    limits = _threads.ThreadLimits(cores=2)
+    monkeypatch.setattr(_threads, "limits", limits)
+    lease = limits.acquire(2)
+    try:
+        assert limits.threads == 2
+        x, r, scale = _float(7, 24), _float(7, 24), _float(24)
+        expected = _unfused_layer_norm(x, r, scale, None, 1e-5)
+        out = np.empty_like(x)
+        _op("add_layer_norm", axis=-1, epsilon=1e-5, bias=False)(x, r, scale, out)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+        a, w, bias = _float(9, 8), _float(8, 6), _float(6)
+        want = _unfused_gelu(np.add(np.matmul(a, w), bias))
+        got = np.empty_like(want)
+        _op("matmul_bias", activation="gelu")(a, w, bias, got)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    finally:
+        lease.release()
