@@ -10,7 +10,9 @@ as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
   ``activation="gelu"``.
 * ``Add(X, R) -> LayerNormalization(Scale[, Bias])``, one output and the
   default stash type, becomes ``AddLayerNormalization(X, R, Scale[,
-  Bias])``.
+  Bias])``; where others read the sum too (a pre-LN block's next residual),
+  the fused node gives it as a second output (where the scale and bias are
+  made before the Add).
 * attention's ``Div(X, C)`` (or ``Mul``), ``C`` a constant scalar, ``->
   Add(M) -> Softmax`` over the last axis (opset 13 on) becomes
   ``ScaleAddSoftmax(X, C, M)``.
@@ -173,6 +175,29 @@ class _Fuser:
             return None
         return [div_index, erf_index, one_index, mul_index, half_index], half.output[0]
 
+    def layer_norm_of(self, tensor: str) -> tuple[int, onnx.NodeProto] | None:
+        """The LayerNormalization (one output, default stash type) that reads
+        ``tensor`` as its input, where exactly one does, and its index."""
+        found = [
+            (i, n)
+            for i in self.reader_of.get(tensor, [])
+            if (n := self.nodes[i]) is not None and is_op(n, "LayerNormalization")
+        ]
+        if len(found) != 1:
+            return None
+        index, norm = found[0]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in norm.attribute}
+        if (
+            norm.input[0] != tensor
+            or tensor in norm.input[1:]
+            or len([o for o in norm.output if o]) != 1
+            or not norm.output[0]
+            or attrs.get("stash_type", 1) != 1
+            or any(key not in ("axis", "epsilon", "stash_type") for key in attrs)
+        ):
+            return None
+        return index, norm
+
     def add_layer_norm(self) -> int:
         count = 0
         for index, node in enumerate(self.nodes):
@@ -183,32 +208,35 @@ class _Fuser:
                 or len(node.output) != 1
             ):
                 continue
-            try:
-                norm_index, norm = self.only_reader(
-                    node.output[0], "LayerNormalization"
-                )
-            except LookupError:
+            total = node.output[0]
+            found = self.layer_norm_of(total)
+            if found is None:
                 continue
-            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in norm.attribute}
-            if (
-                norm.input[0] != node.output[0]
-                or len([o for o in norm.output if o]) != 1
-                or not norm.output[0]
-                or attrs.get("stash_type", 1) != 1
-                or any(key not in ("axis", "epsilon", "stash_type") for key in attrs)
+            norm_index, norm = found
+            shared = self.readers[total] != 1 or total in self.outputs
+            # A pre-LN block also reads the sum (the next residual): the
+            # fused node keeps it as a second output, and takes the Add's
+            # place, so its scale and bias must be made before the Add.
+            if shared and any(
+                name and self.producer.get(name, -1) > index for name in norm.input[1:]
             ):
                 continue
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in norm.attribute}
             fused = onnx.helper.make_node(
                 "AddLayerNormalization",
                 [node.input[0], node.input[1], *norm.input[1:]],
-                [norm.output[0]],
+                [norm.output[0], *([total] if shared else [])],
                 name=norm.name,
                 domain=PRIVATE_DOMAIN,
                 axis=int(attrs.get("axis", -1)),
                 epsilon=float(attrs.get("epsilon", 1e-5)),
             )
-            self.nodes[norm_index] = fused
-            self.nodes[index] = None
+            if shared:
+                self.nodes[index] = fused
+                self.nodes[norm_index] = None
+            else:
+                self.nodes[norm_index] = fused
+                self.nodes[index] = None
             count += 1
         return count
 

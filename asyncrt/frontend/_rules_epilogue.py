@@ -5,8 +5,8 @@
   ``"gelu"``): ``act(X @ W + B)`` with ``W`` 2-D and ``B`` its row of biases,
   the kernel library's ``matmul_bias``.
 * ``AddLayerNormalization(X, R, Scale[, Bias])``, attributes ``axis`` and
-  ``epsilon``: ``LayerNormalization(X + R)``, the library's
-  ``add_layer_norm``.
+  ``epsilon``: ``LayerNormalization(X + R)`` (and ``X + R`` as a second
+  output, where the node names one), the library's ``add_layer_norm``.
 * ``ScaleAddSoftmax(X, C, M)``, attribute ``divide`` (1: ``X / C``, 0:
   ``X * C``): ``Softmax(X / C + M)`` over the last axis, the library's
   ``scale_add_softmax``.
@@ -45,11 +45,12 @@ def _add_layer_norm(ctx: NodeContext) -> Lowering:
         # as ONNX's inference failing for the Add: a misfit of the inputs
         reason = f"cannot add {list(x.shape)} and {list(r.shape)}"
         raise ctx.unsupported(reason) from InferenceFailed(reason)
-    ctx.correct_outputs([TensorSpec(shape, x.dtype)])
+    ctx.correct_outputs([TensorSpec(shape, x.dtype)] * ctx.num_outputs)
     attrs = {
         "axis": int(ctx.attr("axis", -1)),
         "epsilon": float(ctx.attr("epsilon", 1e-5)),
         "bias": ctx.has(3),
+        "sum": ctx.num_outputs == 2,
     }
     return Call("add_layer_norm", (0, 1, 2, 3) if ctx.has(3) else (0, 1, 2), attrs)
 

@@ -8,9 +8,10 @@ with :mod:`asyncrt.ops._jitmath`'s helpers and compiled once per machine
   library's exact GELU (``gelu_erf_``): one pass after a GEMM instead of
   six (bias add, divide, erf, add, multiply, multiply).
 * ``add_layer_norm(x, r, scale, shift, out, epsilon, first, last)``:
-  ``out = layer_norm(x + r)`` over each row, in two passes over a row that
+  ``out = layer_norm(x + r)`` over each row, in passes over a row that
   stays in L1 (sum, then centred squares, then the affine map) instead of a
-  residual add and six whole-array passes.
+  residual add and six whole-array passes; ``add_layer_norm_sum(..., out,
+  total, ...)`` keeps ``x + r`` in ``total`` too (a pre-LN block).
 
 The row sums are compiled with LLVM's ``reassoc`` flag alone, so they
 vectorise (several partial sums, added at the end); no other fast-math flag
@@ -86,6 +87,20 @@ def add_layer_norm(x, res, scale, shift, out, epsilon, first, last):
         inv = _ONE / np.sqrt(row_squares_(row, mean) / width + epsilon)
         for c in range(cols):
             row[c] = ((row[c] - mean) * inv) * scale[c] + shift[c]
+
+
+{_HEADER}
+def add_layer_norm_sum(x, res, scale, shift, out, total, epsilon, first, last):
+    cols = out.shape[1]
+    width = _F(cols)
+    for r in range(first, last):
+        xr, rr, row, sums = x[r], res[r], out[r], total[r]
+        for c in range(cols):
+            sums[c] = xr[c] + rr[c]
+        mean = row_sum_(sums) / width
+        inv = _ONE / np.sqrt(row_squares_(sums, mean) / width + epsilon)
+        for c in range(cols):
+            row[c] = ((sums[c] - mean) * inv) * scale[c] + shift[c]
 """
 
 _SOURCE = "\n".join(["import numba", "import numpy as np", _jitmath.SOURCE, _LOOPS])
@@ -93,7 +108,8 @@ _MODULE = "asyncrt_epilogue_" + hashlib.sha256(_SOURCE.encode()).hexdigest()[:20
 
 
 def loop(name: str) -> Callable[..., None]:
-    """The compiled loop ``name`` (``"bias_gelu"`` or ``"add_layer_norm"``).
+    """The compiled loop ``name`` (``"bias_gelu"``, ``"add_layer_norm"`` or
+    ``"add_layer_norm_sum"``).
 
     :raises ModuleNotFoundError: if numba is not installed.
     """

@@ -11,8 +11,9 @@ round trip through memory per op:
   added in place while ``out`` is still in cache, and the GELU follows in
   the same pass where numba is installed (:mod:`asyncrt.ops._epijit`);
   without it, the library's ``gelu`` kernel over a scratch buffer.
-* ``add_layer_norm(x, r, scale, [bias,] out)``, attributes ``axis``,
-  ``epsilon`` and ``bias``: ``layer_norm(x + r)`` over the last axes: one
+* ``add_layer_norm(x, r, scale, [bias,] out[, total])``, attributes
+  ``axis``, ``epsilon``, ``bias`` and ``sum`` (``total`` given: ``x + r``
+  kept there too): ``layer_norm(x + r)`` over the last axes: one
   compiled loop per row with numba, else ``add`` then the library's
   ``layer_norm`` in place (the unfused kernels' bits).
 * ``scale_add_softmax(x, c, m, out)``, attributes ``divide`` and ``axes``:
@@ -132,6 +133,7 @@ def _add_layer_norm_flops(
 def _add_layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
     axis, epsilon = integer(attrs, "axis"), number(attrs, "epsilon")
     has_bias = flag(attrs, "bias")
+    keeps_sum = bool(attrs.get("sum", False))
     norm_op = lookup("layer_norm")
     if norm_op is None:  # pragma: no cover - the library defines it
         raise ValueError("the library has no layer_norm op")
@@ -148,15 +150,16 @@ def _add_layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
     add = xp.add
 
     def bind(x: Array, r: Array, scale: Array, *rest: Array) -> Callable[[], None]:
-        out = rest[-1]
+        out, total = (rest[-2], rest[-1]) if keeps_sum else (rest[-1], rest[-1])
         shift = rest[0] if has_bias else None
         width = math.prod(out.shape[axis % out.ndim :]) if out.ndim else 1
+        sums = (total,) if keeps_sum else ()
         if (
             x.shape == r.shape == out.shape
             and out.size
             and scale.shape == out.shape[axis % out.ndim :]
             and (shift is None or shift.shape == scale.shape)
-            and _compiles(x, r, scale, out, *(() if shift is None else (shift,)))
+            and _compiles(x, r, scale, out, *sums, *(() if shift is None else (shift,)))
         ):
             rows = out.size // width
             offset = np.zeros(width, np.float32) if shift is None else shift
@@ -166,12 +169,12 @@ def _add_layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
                 scale.reshape(width),
                 offset.reshape(width),
                 out.reshape(rows, width),
+                *(s.reshape(rows, width) for s in sums),
                 np.float32(epsilon),
             )
-            return _epijit.bind_rows(
-                _epijit.loop("add_layer_norm"), arrays, rows, width
-            )
-        args = (out, scale, *(() if shift is None else (shift,)), out)
+            name = "add_layer_norm_sum" if keeps_sum else "add_layer_norm"
+            return _epijit.bind_rows(_epijit.loop(name), arrays, rows, width)
+        args = (total, scale, *(() if shift is None else (shift,)), out)
         normalise = (
             norm.bind(*args)
             if isinstance(norm, Bindable)
@@ -179,7 +182,7 @@ def _add_layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
         )
 
         def passes() -> None:
-            add(x, r, out, casting="unsafe")
+            add(x, r, total, casting="unsafe")
             normalise()
 
         return passes

@@ -143,8 +143,9 @@ UNFUSED = ["MatMul", "Add", "Div", "Erf", "Add", "Mul", "Mul", "Add"]
 @pytest.mark.parametrize(
     ("outputs", "ops"),
     [
-        # the product and the residual sum are read by the caller too
-        (("p", "s"), [*UNFUSED, "LayerNormalization"]),
+        # the product and the residual sum are read by the caller too: the
+        # sum stays an output, of the fused norm (see the pre-LN test)
+        (("p", "s"), [*UNFUSED[:-1], "AddLayerNormalization"]),
         # the biased product is: the GELU stays, the bias joins the GEMM
         (("y",), ["MatMulBias", *UNFUSED[2:-1], "AddLayerNormalization"]),
     ],
@@ -314,3 +315,42 @@ def test_a_scaled_mask_added_to_the_scores_fuses_too() -> None:
     padded = np.zeros((2, 1, 1, 4), np.float32)
     padded[1, ..., 3] = 1.0  # a padded token
     _check(model, {"s": _f32(2, 3, 4, 4), "mask": padded}, rtol=0.0)
+
+
+def test_a_pre_ln_sum_read_elsewhere_is_a_second_output() -> None:
+    # GPT-2's blocks: h = x + a; y = LN(h); the next residual reads h too
+    model = _ffn()
+    nodes = list(model.graph.node)
+    nodes.append(helper.make_node("Add", ["s", "out"], ["next"], name="next"))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.output[0].name = "next"
+    done = rewrite(model)
+    assert _ops(done.model) == ["MatMulBias", "AddLayerNormalization", "Add"]
+    fused = done.model.graph.node[1]
+    assert list(fused.output) == ["out", "s"]
+    _check(model, _feeds())
+
+
+def test_a_pre_ln_norm_with_computed_scale_keeps_its_nodes() -> None:
+    model = _ffn()
+    nodes = list(model.graph.node)
+    norm = nodes.pop()
+    nodes += [
+        helper.make_node("Identity", ["gamma"], ["gamma2"], name="computed"),
+        helper.make_node(
+            "LayerNormalization",
+            ["s", "gamma2", "beta"],
+            ["out"],
+            axis=-1,
+            epsilon=1e-5,
+            name=norm.name,
+        ),
+        helper.make_node("Add", ["s", "out"], ["next"], name="next"),
+    ]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.output[0].name = "next"
+    ops = _ops(rewrite(model).model)
+    assert "LayerNormalization" in ops and "AddLayerNormalization" not in ops
+    _check(model, _feeds())

@@ -106,6 +106,7 @@ def _unfused_layer_norm(
 @pytest.mark.parametrize("bound", [False, True])
 @pytest.mark.parametrize("compiled", ENGINES)
 @pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("keeps_sum", [False, True])
 @pytest.mark.parametrize(
     ("x_shape", "r_shape"),
     [
@@ -119,6 +120,7 @@ def test_add_layer_norm_equals_add_then_layer_norm(
     x_shape: tuple[int, ...],
     r_shape: tuple[int, ...],
     with_bias: bool,
+    keeps_sum: bool,
     compiled: bool,
     bound: bool,
     monkeypatch: pytest.MonkeyPatch,
@@ -129,8 +131,12 @@ def test_add_layer_norm_equals_add_then_layer_norm(
     scale, bias = _float(width), (_float(width) if with_bias else None)
     expected = _unfused_layer_norm(x, r, scale, bias, 1e-5)
     out = np.full_like(expected, np.nan)
-    kernel = _op("add_layer_norm", axis=-1, epsilon=1e-5, bias=with_bias)
-    _run(kernel, bound, x, r, scale, *(() if bias is None else (bias,)), out)
+    total = np.full_like(expected, np.nan)
+    kernel = _op("add_layer_norm", axis=-1, epsilon=1e-5, bias=with_bias, sum=keeps_sum)
+    outputs = (out, total) if keeps_sum else (out,)
+    _run(kernel, bound, x, r, scale, *(() if bias is None else (bias,)), *outputs)
+    if keeps_sum:
+        np.testing.assert_array_equal(total, np.add(x, r))
     takes_loop = compiled and x_shape == r_shape
     if takes_loop:
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
