@@ -26,7 +26,8 @@ specialized per shape signature::
 an :class:`~asyncrt.errors.UnsupportedOpError` at import time.
 """
 
-from . import _rules_index as _rules_index  # registers the rules
+from . import _rules_epilogue as _rules_epilogue  # registers the rules
+from . import _rules_index as _rules_index
 from . import _rules_math as _rules_math
 from . import _rules_nn as _rules_nn
 from . import _rules_resize as _rules_resize

@@ -10,8 +10,10 @@ evaluated right away with the same kernel on numpy — constant folding, so
 become attributes of the kernels that need them. Constants that reach a
 run-time kernel become parameters, named after their ONNX values. Before that, with
 ``optimize`` (the default), :mod:`._rewrite` folds BatchNormalization into
-the Conv before it, fuses Conv -> Relu and merges MatMuls that share an
-input.
+the Conv before it, fuses Conv -> Relu, merges MatMuls that share an
+input and fuses a transformer's GEMM epilogues, residual layer norms,
+masked softmaxes and head transposes into nodes of asyncrt's private
+domain (:mod:`._epilogue`, rules in :mod:`._rules_epilogue`).
 
 Every refusal names the operator, node and opset
 (:class:`~asyncrt.errors.UnsupportedOpError`) or the value or input
@@ -37,9 +39,9 @@ from ..errors import GraphError, UnsupportedOpError
 from ..graph import Graph, GraphBuilder, SymbolicGraph, TensorHandle
 from ..ops import OP_ATTRS_ATTR, OP_NAME_ATTR, encode_attrs, lookup, register_op_kernel
 from ..ops._kernels import global_namespace_func
-from ._names import DEFAULT_DOMAINS, unique_name
+from ._names import DEFAULT_DOMAINS, PRIVATE_DOMAIN, unique_name
 from ._rewrite import Rewritten, rewrite
-from ._rules import NOP, RULES, Call, Folded, NodeContext, Rule
+from ._rules import NOP, PRIVATE_RULES, RULES, Call, Folded, NodeContext, Rule
 from ._values import Const, Tensor, Value, spec_of, tvm_dtype
 
 __all__ = (
@@ -134,8 +136,10 @@ def from_onnx(
         optimisations do: fold BatchNormalization into the Conv before it,
         and apply a Relu after a Conv inside the convolution, where nothing
         else reads the Conv's output; merge MatMuls of one input by
-        constant weights (a transformer's Q/K/V projections) into one
-        (results agree to float rounding).
+        constant weights (a transformer's Q/K/V projections) into one;
+        fuse MatMul + bias [+ GELU], Add + LayerNormalization, scale + mask
+        + Softmax and head Transposes into one kernel each (results agree
+        to float rounding).
     :return: the graph and its parameters by name (initializers and folded
         constants that kernels read), as read-only arrays (an executor holds
         them without copying; copy one before writing to it). For a symbolic
@@ -544,6 +548,9 @@ def node_rule(
     :raises UnsupportedOpError: for another domain, an operator without a
         rule, or one that is not in ``opset``.
     """
+    if node.domain == PRIVATE_DOMAIN and node.op_type in PRIVATE_RULES:
+        private, stand_in = PRIVATE_RULES[node.op_type]
+        return private, onnx.defs.get_schema(stand_in, opset, "")
     if node.domain not in DEFAULT_DOMAINS:
         version = next(
             (int(o.version) for o in model.opset_import if o.domain == node.domain),

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import onnx
 
-__all__ = ("DEFAULT_DOMAINS", "is_op", "unique_name")
+__all__ = ("DEFAULT_DOMAINS", "PRIVATE_DOMAIN", "is_op", "unique_name")
 
 #: The domains of ONNX's own operators.
 DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+#: The domain of the nodes asyncrt's own rewrites make (fused ops): only
+#: ever in a rewritten copy of a model, never read from a model file.
+PRIVATE_DOMAIN = "ai.asyncrt"
 
 
 def unique_name(base: str, used: set[str]) -> str:

@@ -32,6 +32,7 @@ from ._infer import InferenceFailed, infer_outputs
 from ._values import Const, Value
 
 __all__ = (
+    "PRIVATE_RULES",
     "RULES",
     "Call",
     "Folded",
@@ -39,6 +40,7 @@ __all__ = (
     "NodeContext",
     "Rule",
     "parse_attrs",
+    "private_rule",
     "rule",
 )
 
@@ -231,6 +233,34 @@ def rule(
             if op_type in RULES:
                 raise ValueError(f"{op_type} already has a rule")
             RULES[op_type] = Rule(lower, frozenset(attrs), tuple(static), folds)
+        return lower
+
+    return add
+
+
+#: The rules of asyncrt's own fused ops (:data:`._names.PRIVATE_DOMAIN`),
+#: by name: the rule, and the default-domain operator whose schema stands in
+#: for the op's (they have none of their own; their rules give the outputs).
+PRIVATE_RULES: dict[str, tuple[Rule, str]] = {}
+
+
+def private_rule(
+    op_type: str, stand_in: str, *, attrs: Sequence[str] = ()
+) -> Callable[[Callable[[NodeContext], Lowering]], Callable[[NodeContext], Lowering]]:
+    """Register the lowering of a private op (a decorator); the lowering
+    must set the outputs (:meth:`NodeContext.correct_outputs`).
+
+    :param stand_in: the default-domain operator whose schema the node
+        context carries.
+    :raises ValueError: if the op already has a rule.
+    """
+
+    def add(
+        lower: Callable[[NodeContext], Lowering],
+    ) -> Callable[[NodeContext], Lowering]:
+        if op_type in PRIVATE_RULES:
+            raise ValueError(f"{op_type} already has a rule")
+        PRIVATE_RULES[op_type] = (Rule(lower, frozenset(attrs)), stand_in)
         return lower
 
     return add

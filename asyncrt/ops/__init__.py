@@ -70,6 +70,7 @@ from . import _builtin as _builtin
 from . import activation as activation
 from . import cast as cast
 from . import conv_transpose as conv_transpose
+from . import epilogue as epilogue
 from . import indexing as indexing
 from . import linalg as linalg
 from . import nn as nn

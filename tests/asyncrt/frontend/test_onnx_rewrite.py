@@ -261,8 +261,9 @@ def test_biases_merge_where_every_product_has_one() -> None:
     del model.graph.output[2]
     done = rewrite(model)
     ops = [n.op_type for n in done.model.graph.node]
-    assert ops == ["MatMul", "Add", "Split", "MatMul"]
-    assert list(done.model.graph.node[2].output) == ["ya", "yb"]
+    # the merged bias add then joins the merged product (see _epilogue)
+    assert ops == ["MatMulBias", "Split", "MatMul"]
+    assert list(done.model.graph.node[1].output) == ["ya", "yb"]
     _check(model, {**_feeds()})
 
 

@@ -1,0 +1,389 @@
+"""Import-time fusions of a transformer's GEMM epilogues and residual norms,
+as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
+``SkipLayerNormFusion``). Each makes one node of asyncrt's private domain
+(rules in :mod:`._rules_epilogue`, kernels in :mod:`asyncrt.ops.epilogue`):
+
+* ``MatMul(X, W) -> Add(B)``, ``W`` a 2-D constant and ``B`` a constant of
+  shape ``(W.shape[1],)``, becomes ``MatMulBias(X, W, B)``; where the sum
+  only feeds the exact erf GELU as PyTorch exports it (``Div(y, sqrt 2) ->
+  Erf -> Add(1) -> Mul(y) -> Mul(0.5)``), that joins it as
+  ``activation="gelu"``.
+* ``Add(X, R) -> LayerNormalization(Scale[, Bias])``, one output and the
+  default stash type, becomes ``AddLayerNormalization(X, R, Scale[,
+  Bias])``; where others read the sum too (a pre-LN block's next residual),
+  the fused node gives it as a second output (where the scale and bias are
+  made before the Add).
+* attention's ``Div(X, C)`` (or ``Mul``), ``C`` a constant scalar, ``->
+  Add(M) -> Softmax`` over the last axis (opset 13 on) becomes
+  ``ScaleAddSoftmax(X, C, M)``.
+* ``Transpose -> Transpose`` becomes one Transpose (the permutations
+  composed); then a MatMul that reads Transposes (explicit permutations)
+  or is read by one becomes ``TransposedMatMul(A, B)`` with attributes
+  ``perm_a``, ``perm_b`` and ``perm_out`` (those present): attention's head
+  splits and merges as views instead of copies.
+
+A node is only absorbed where nothing else reads its output (no other
+node, no graph output); the fused node takes the last member's output
+name, so readers and graph outputs need no change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ._names import PRIVATE_DOMAIN, is_op
+
+__all__ = ("fuse_epilogues",)
+
+Const = Callable[[str], "np.ndarray[Any, Any] | None"]
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def fuse_epilogues(graph: onnx.GraphProto, const: Const, opset: int) -> int:
+    """Fuse ``graph``'s epilogues in place (see the module docstring).
+
+    :param const: the value of a constant tensor by name, or ``None``.
+    :param opset: the model's opset of the default domain.
+    :return: how many nodes were absorbed into others.
+    """
+    fuser = _Fuser(graph, const)
+    count = fuser.matmul_bias() + fuser.add_layer_norm()
+    if opset >= 13:  # before, Softmax flattens its input from the axis on
+        count += fuser.scale_add_softmax()
+    count += fuser.compose_transposes()
+    count += fuser.transposed_matmuls()
+    if count:
+        fuser.commit()
+    return count
+
+
+class _Fuser:
+    def __init__(self, graph: onnx.GraphProto, const: Const) -> None:
+        self.graph = graph
+        self.const = const
+        self.nodes: list[onnx.NodeProto | None] = list(graph.node)
+        self.readers = Counter(n for node in graph.node for n in node.input if n)
+        self.outputs = {out.name for out in graph.output}
+        self.reader_of: dict[str, list[int]] = {}
+        self.producer: dict[str, int] = {}
+        for index, node in enumerate(graph.node):
+            for name in node.input:
+                if name:
+                    self.reader_of.setdefault(name, []).append(index)
+            for name in node.output:
+                if name:
+                    self.producer[name] = index
+
+    def only_reader(self, tensor: str, op_type: str) -> tuple[int, onnx.NodeProto]:
+        """The ``op_type`` node that alone reads ``tensor`` (raises
+        ``LookupError`` where there is none)."""
+        if self.readers[tensor] != 1 or tensor in self.outputs:
+            raise LookupError(tensor)
+        index = self.reader_of[tensor][0]
+        node = self.nodes[index]
+        if node is None or not is_op(node, op_type):
+            raise LookupError(tensor)
+        return index, node
+
+    def other(self, node: onnx.NodeProto, tensor: str) -> str:
+        """The input of binary ``node`` that is not ``tensor``."""
+        if len(node.input) != 2 or list(node.input).count(tensor) != 1:
+            raise LookupError(tensor)
+        return str(node.input[1] if node.input[0] == tensor else node.input[0])
+
+    def scalar(self, name: str, value: float, *, rtol: float = 1e-6) -> bool:
+        """Whether ``name`` is a constant scalar equal to ``value``."""
+        array = self.const(name)
+        return (
+            array is not None
+            and array.size == 1
+            and array.dtype in _FLOATS
+            and math.isclose(float(array.reshape(())), value, rel_tol=rtol)
+        )
+
+    def matmul_bias(self) -> int:
+        count = 0
+        for index, node in enumerate(self.nodes):
+            if node is None or not is_op(node, "MatMul") or len(node.input) != 2:
+                continue
+            weight = self.const(node.input[1])
+            if weight is None or weight.ndim != 2 or weight.dtype not in _FLOATS:
+                continue
+            try:
+                add_index, add = self.only_reader(node.output[0], "Add")
+                bias_name = self.other(add, node.output[0])
+            except LookupError:
+                continue
+            bias = self.const(bias_name)
+            if (
+                bias is None
+                or bias.shape != (weight.shape[1],)
+                or bias.dtype != weight.dtype
+            ):
+                continue
+            absorbed = [add_index]
+            output, activation = add.output[0], "none"
+            gelu = self.gelu(output)
+            if gelu is not None:
+                absorbed += gelu[0]
+                output, activation = gelu[1], "gelu"
+            fused = onnx.helper.make_node(
+                "MatMulBias",
+                [node.input[0], node.input[1], bias_name],
+                [output],
+                name=node.name,
+                domain=PRIVATE_DOMAIN,
+                activation=activation,
+            )
+            self.nodes[index] = fused
+            for position in absorbed:
+                self.nodes[position] = None
+            count += len(absorbed)
+        return count
+
+    def gelu(self, y: str) -> tuple[list[int], str] | None:
+        """The nodes of ``0.5 * (y * (1 + erf(y / sqrt 2)))`` over ``y`` (its
+        only readers) and the GELU's output name, or ``None``."""
+        if y in self.outputs or self.readers[y] != 2:
+            return None
+        readers = [(i, self.nodes[i]) for i in self.reader_of[y]]
+        divs = [(i, n) for i, n in readers if n is not None and is_op(n, "Div")]
+        products = [n for _, n in readers if n is not None and is_op(n, "Mul")]
+        if len(divs) != 1 or len(products) != 1:
+            return None
+        div_index, div = divs[0]
+        try:
+            if div.input[0] != y or not self.scalar(div.input[1], math.sqrt(2.0)):
+                return None
+            erf_index, erf = self.only_reader(div.output[0], "Erf")
+            one_index, one = self.only_reader(erf.output[0], "Add")
+            if not self.scalar(self.other(one, erf.output[0]), 1.0):
+                return None
+            mul_index, mul = self.only_reader(one.output[0], "Mul")
+            if mul is not products[0] or self.other(mul, one.output[0]) != y:
+                return None
+            half_index, half = self.only_reader(mul.output[0], "Mul")
+            if not self.scalar(self.other(half, mul.output[0]), 0.5):
+                return None
+        except LookupError:
+            return None
+        return [div_index, erf_index, one_index, mul_index, half_index], half.output[0]
+
+    def layer_norm_of(self, tensor: str) -> tuple[int, onnx.NodeProto] | None:
+        """The LayerNormalization (one output, default stash type) that reads
+        ``tensor`` as its input, where exactly one does, and its index."""
+        found = [
+            (i, n)
+            for i in self.reader_of.get(tensor, [])
+            if (n := self.nodes[i]) is not None and is_op(n, "LayerNormalization")
+        ]
+        if len(found) != 1:
+            return None
+        index, norm = found[0]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in norm.attribute}
+        if (
+            norm.input[0] != tensor
+            or tensor in norm.input[1:]
+            or len([o for o in norm.output if o]) != 1
+            or not norm.output[0]
+            or attrs.get("stash_type", 1) != 1
+            or any(key not in ("axis", "epsilon", "stash_type") for key in attrs)
+        ):
+            return None
+        return index, norm
+
+    def add_layer_norm(self) -> int:
+        count = 0
+        for index, node in enumerate(self.nodes):
+            if (
+                node is None
+                or not is_op(node, "Add")
+                or len(node.input) != 2
+                or len(node.output) != 1
+            ):
+                continue
+            total = node.output[0]
+            found = self.layer_norm_of(total)
+            if found is None:
+                continue
+            norm_index, norm = found
+            shared = self.readers[total] != 1 or total in self.outputs
+            # A pre-LN block also reads the sum (the next residual): the
+            # fused node keeps it as a second output, and takes the Add's
+            # place, so its scale and bias must be made before the Add.
+            if shared and any(
+                name and self.producer.get(name, -1) > index for name in norm.input[1:]
+            ):
+                continue
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in norm.attribute}
+            fused = onnx.helper.make_node(
+                "AddLayerNormalization",
+                [node.input[0], node.input[1], *norm.input[1:]],
+                [norm.output[0], *([total] if shared else [])],
+                name=norm.name,
+                domain=PRIVATE_DOMAIN,
+                axis=int(attrs.get("axis", -1)),
+                epsilon=float(attrs.get("epsilon", 1e-5)),
+            )
+            if shared:
+                self.nodes[index] = fused
+                self.nodes[norm_index] = None
+            else:
+                self.nodes[norm_index] = fused
+                self.nodes[index] = None
+            count += 1
+        return count
+
+    def scale_add_softmax(self) -> int:
+        count = 0
+        for index, node in enumerate(self.nodes):
+            if (
+                node is None
+                or not (is_op(node, "Div") or is_op(node, "Mul"))
+                or len(node.input) != 2
+            ):
+                continue
+            scale = self.const(node.input[1])
+            if scale is None or scale.size != 1 or scale.dtype not in _FLOATS:
+                continue
+            try:
+                add_index, add = self.only_reader(node.output[0], "Add")
+                mask = self.other(add, node.output[0])
+                soft_index, soft = self.only_reader(add.output[0], "Softmax")
+            except LookupError:
+                continue
+            axis = next(
+                (onnx.helper.get_attribute_value(a) for a in soft.attribute), -1
+            )
+            if len(soft.attribute) > 1 or axis != -1:
+                continue
+            fused = onnx.helper.make_node(
+                "ScaleAddSoftmax",
+                [node.input[0], node.input[1], mask],
+                [soft.output[0]],
+                name=soft.name,
+                domain=PRIVATE_DOMAIN,
+                divide=int(is_op(node, "Div")),
+            )
+            self.nodes[soft_index] = fused
+            self.nodes[index] = self.nodes[add_index] = None
+            count += 2
+        return count
+
+    def perm(self, node: onnx.NodeProto) -> list[int] | None:
+        """A Transpose's explicit permutation (``None`` without one: the
+        default reverses axes of a rank the rewrite does not know)."""
+        for attribute in node.attribute:
+            if attribute.name == "perm":
+                return [int(v) for v in attribute.ints]
+        return None
+
+    def transpose_before(self, tensor: str, reader: int) -> tuple[int, list[int]]:
+        """The Transpose with an explicit permutation that makes ``tensor``,
+        read only by node ``reader`` (raises ``LookupError`` where there
+        is none)."""
+        index = self.producer.get(tensor)
+        node = None if index is None else self.nodes[index]
+        if (
+            index is None
+            or node is None
+            or not is_op(node, "Transpose")
+            or tensor in self.outputs
+            or self.reader_of.get(tensor) != [reader]
+        ):
+            raise LookupError(tensor)
+        perm = self.perm(node)
+        if perm is None or len(perm) < 2:
+            raise LookupError(tensor)
+        return index, perm
+
+    def compose_transposes(self) -> int:
+        count = 0
+        for index, node in enumerate(self.nodes):
+            if node is None or not is_op(node, "Transpose"):
+                continue
+            outer = self.perm(node)
+            try:
+                inner_index, inner = self.transpose_before(node.input[0], index)
+            except LookupError:
+                continue
+            first = self.nodes[inner_index]
+            if outer is None or first is None or len(outer) != len(inner):
+                continue
+            composed = [inner[axis] for axis in outer]
+            source = first.input[0]
+            self.nodes[index] = onnx.helper.make_node(
+                "Transpose", [source], [node.output[0]], name=node.name, perm=composed
+            )
+            self.nodes[inner_index] = None
+            self.producer[node.output[0]] = index
+            self.reader_of[source] = [
+                index if i == inner_index else i for i in self.reader_of[source]
+            ]
+            count += 1
+        return count
+
+    def transposed_matmuls(self) -> int:
+        count = 0
+        for index, node in enumerate(self.nodes):
+            if node is None or not is_op(node, "MatMul") or len(node.input) != 2:
+                continue
+            inputs, absorbed = list(node.input), []
+            perms: dict[str, list[int]] = {}
+            for position, key in ((0, "perm_a"), (1, "perm_b")):
+                if node.input[0] == node.input[1]:
+                    break  # one tensor read twice: not only by this node
+                try:
+                    found, perm = self.transpose_before(node.input[position], index)
+                except LookupError:
+                    continue
+                source = self.nodes[found]
+                if source is None:
+                    continue
+                inputs[position] = source.input[0]
+                perms[key] = perm
+                absorbed.append(found)
+            output = node.output[0]
+            try:
+                after_index, after = self.only_reader(output, "Transpose")
+                out_perm = self.perm(after)
+                if out_perm is not None and len(out_perm) >= 2:
+                    perms["perm_out"] = out_perm
+                    absorbed.append(after_index)
+                    output = after.output[0]
+            except LookupError:
+                pass
+            if not absorbed:
+                continue
+            fused = onnx.helper.make_node(
+                "TransposedMatMul",
+                inputs,
+                [output],
+                name=node.name,
+                domain=PRIVATE_DOMAIN,
+            )
+            fused.attribute.extend(
+                onnx.helper.make_attribute(key, value) for key, value in perms.items()
+            )
+            # at the later of the MatMul and its output's Transpose: every
+            # input is made before either
+            self.nodes[index] = None
+            for position in absorbed:
+                self.nodes[position] = None
+            self.nodes[max(index, *absorbed)] = fused
+            count += len(absorbed)
+        return count
+
+    def commit(self) -> None:
+        kept = [node for node in self.nodes if node is not None]
+        copies = [onnx.NodeProto() for _ in kept]
+        for target, node in zip(copies, kept, strict=True):
+            target.CopyFrom(node)
+        del self.graph.node[:]
+        self.graph.node.extend(copies)

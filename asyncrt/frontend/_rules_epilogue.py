@@ -1,0 +1,123 @@
+"""Rules for asyncrt's own fused ops, which only the import rewrites make
+(:mod:`._epilogue`; domain :data:`._names.PRIVATE_DOMAIN`):
+
+* ``MatMulBias(X, W, B)``, attribute ``activation`` (``"none"`` or
+  ``"gelu"``): ``act(X @ W + B)`` with ``W`` 2-D and ``B`` its row of biases,
+  the kernel library's ``matmul_bias``.
+* ``AddLayerNormalization(X, R, Scale[, Bias])``, attributes ``axis`` and
+  ``epsilon``: ``LayerNormalization(X + R)`` (and ``X + R`` as a second
+  output, where the node names one), the library's ``add_layer_norm``.
+* ``ScaleAddSoftmax(X, C, M)``, attribute ``divide`` (1: ``X / C``, 0:
+  ``X * C``): ``Softmax(X / C + M)`` over the last axis, the library's
+  ``scale_add_softmax``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scheduler.dag import TensorSpec
+
+from ._infer import InferenceFailed
+from ._rules import Call, Lowering, NodeContext, private_rule
+
+__all__ = ()
+
+
+@private_rule("MatMulBias", "MatMul", attrs=("activation",))
+def _matmul_bias(ctx: NodeContext) -> Lowering:
+    x, w = ctx.spec(0), ctx.spec(1)
+    if len(w.shape) != 2 or not x.shape or x.shape[-1] != w.shape[0]:
+        reason = f"cannot multiply {list(x.shape)} by {list(w.shape)} (2-D weights)"
+        raise ctx.unsupported(reason) from InferenceFailed(reason)
+    ctx.correct_outputs([TensorSpec((*x.shape[:-1], w.shape[1]), x.dtype)])
+    activation = str(ctx.attr("activation", "none"))
+    ctx.refuse("activation", ("none", "gelu"))
+    return Call("matmul_bias", (0, 1, 2), {"activation": activation})
+
+
+@private_rule("AddLayerNormalization", "LayerNormalization", attrs=("axis", "epsilon"))
+def _add_layer_norm(ctx: NodeContext) -> Lowering:
+    x, r = ctx.spec(0), ctx.spec(1)
+    try:
+        shape = tuple(int(d) for d in np.broadcast_shapes(x.shape, r.shape))
+    except ValueError:
+        # as ONNX's inference failing for the Add: a misfit of the inputs
+        reason = f"cannot add {list(x.shape)} and {list(r.shape)}"
+        raise ctx.unsupported(reason) from InferenceFailed(reason)
+    ctx.correct_outputs([TensorSpec(shape, x.dtype)] * ctx.num_outputs)
+    attrs = {
+        "axis": int(ctx.attr("axis", -1)),
+        "epsilon": float(ctx.attr("epsilon", 1e-5)),
+        "bias": ctx.has(3),
+        "sum": ctx.num_outputs == 2,
+    }
+    return Call("add_layer_norm", (0, 1, 2, 3) if ctx.has(3) else (0, 1, 2), attrs)
+
+
+@private_rule("ScaleAddSoftmax", "Softmax", attrs=("divide",))
+def _scale_add_softmax(ctx: NodeContext) -> Lowering:
+    x, c, m = ctx.spec(0), ctx.spec(1), ctx.spec(2)
+    try:
+        shape = tuple(int(d) for d in np.broadcast_shapes(x.shape, c.shape, m.shape))
+    except ValueError:
+        shape = None
+    # X may be the smaller operand (a one-layer BERT's mask is the scaled
+    # one): the kernel's first ufunc broadcasts it into the output
+    if shape is None or not shape:
+        reason = (
+            f"cannot scale {list(x.shape)} by {list(c.shape)} and add {list(m.shape)}"
+        )
+        raise ctx.unsupported(reason) from InferenceFailed(reason)
+    ctx.correct_outputs([TensorSpec(shape, x.dtype)])
+    attrs = {"divide": bool(ctx.attr("divide", 1)), "axes": [len(shape) - 1]}
+    return Call("scale_add_softmax", (0, 1, 2), attrs)
+
+
+def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """numpy's ``matmul`` result shape, or ``None`` where they do not fit."""
+    if not a or not b:
+        return None
+    left = (1, *a) if len(a) == 1 else a
+    right = (*b, 1) if len(b) == 1 else b
+    if left[-1] != right[-2]:
+        return None
+    try:
+        stack = tuple(int(d) for d in np.broadcast_shapes(left[:-2], right[:-2]))
+    except ValueError:
+        return None
+    shape = (*stack, left[-2], right[-1])
+    if len(b) == 1:
+        shape = shape[:-1]
+    if len(a) == 1:
+        shape = (*shape[:-2], shape[-1]) if len(b) > 1 else shape[:-1]
+    return shape
+
+
+@private_rule("TransposedMatMul", "MatMul", attrs=("perm_a", "perm_b", "perm_out"))
+def _transposed_matmul(ctx: NodeContext) -> Lowering:
+    shapes = []
+    perms: dict[str, list[int] | None] = {}
+    for position, key in ((0, "perm_a"), (1, "perm_b")):
+        shape = ctx.spec(position).shape
+        perm = ctx.attr(key)
+        if perm is not None:
+            perm = [int(v) for v in perm]
+            if sorted(perm) != list(range(len(shape))):
+                raise ctx.unsupported(f"{key} {perm} does not permute {list(shape)}")
+            shape = tuple(shape[axis] for axis in perm)
+        perms[key] = perm
+        shapes.append(shape)
+    result = _matmul_shape(shapes[0], shapes[1])
+    if result is None:
+        reason = f"cannot multiply {list(shapes[0])} by {list(shapes[1])}"
+        raise ctx.unsupported(reason) from InferenceFailed(reason)
+    out = ctx.attr("perm_out")
+    if out is not None:
+        out = [int(v) for v in out]
+        if sorted(out) != list(range(len(result))):
+            raise ctx.unsupported(f"perm_out {out} does not permute {list(result)}")
+        result = tuple(result[axis] for axis in out)
+    perms["perm_out"] = out
+    ctx.correct_outputs([TensorSpec(result, ctx.spec(0).dtype)])
+    return Call("matmul_views", (0, 1), perms)

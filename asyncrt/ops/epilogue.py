@@ -1,0 +1,301 @@
+"""Ops that finish a GEMM or a residual sum in the same kernel.
+
+The ONNX importer's rewrites (:mod:`asyncrt.frontend._epilogue`) make them of
+a transformer's ``MatMul -> Add(bias) [-> GELU]`` and ``Add -> LayerNorm``,
+as ONNX Runtime's own fusions do, so that the default executor launches one
+kernel where the model has two to seven, and the activations do not make a
+round trip through memory per op:
+
+* ``matmul_bias(a, w, bias, out)``, attribute ``activation`` (``"none"`` or
+  ``"gelu"``, the exact erf form): the GEMM writes ``out``, the bias is
+  added in place while ``out`` is still in cache, and the GELU follows in
+  the same pass where numba is installed (:mod:`asyncrt.ops._epijit`);
+  without it, the library's ``gelu`` kernel over a scratch buffer.
+* ``add_layer_norm(x, r, scale, [bias,] out[, total])``, attributes
+  ``axis``, ``epsilon``, ``bias`` and ``sum`` (``total`` given: ``x + r``
+  kept there too): ``layer_norm(x + r)`` over the last axes: one
+  compiled loop per row with numba, else ``add`` then the library's
+  ``layer_norm`` in place (the unfused kernels' bits).
+* ``scale_add_softmax(x, c, m, out)``, attributes ``divide`` and ``axes``:
+  attention's ``softmax(x / c + m)`` (or ``x * c``): the three kernels
+  the unfused graph runs, in place in ``out`` (the unfused bits, one launch
+  and no intermediate tensors).
+* ``matmul_views(a, b, out)``, attributes ``perm_a``, ``perm_b`` and
+  ``perm_out`` (each a permutation or ``None``): attention's ``Transpose ->
+  MatMul -> Transpose`` as one matmul over transposed views. BLAS reads a
+  matrix with any row stride, so the head-splitting copies are not made
+  (numpy loops over the stack one GEMM per head either way).
+
+Results equal the unfused kernels to float32 rounding: the GEMM and the bias
+add are the same calls; the compiled GELU is the library's ``gelu`` bit for
+bit (the model's own chain rounds its products in another order) and the
+compiled layer norm sums rows in another order than numpy's (a few ulps).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+import numpy as np
+
+from scheduler.dag import TensorSpec
+
+from . import _epijit, _jit
+from ._builtin import stacked_as_one_gemm
+from ._common import BOUND_SCRATCH_BYTES, Array, choice, flag, integer, number
+from ._kernels import Bindable
+from ._library import Attrs, define, lookup
+
+__all__ = ()
+
+Kernel = Callable[..., None]
+_FLOAT32 = np.dtype(np.float32)
+#: Work per GELU element, in matmul flops (the erf's rational form).
+_GELU_FLOPS = 30.0
+
+
+def _matmul_bias_flops(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]) -> float:
+    """The GEMM's multiply-adds, plus the bias add (and GELU) per output."""
+    out = outs[0]
+    depth = ins[1].shape[-2] if len(ins[1].shape) >= 2 else 1
+    return 2.0 * out.size * depth + out.size * (1 + _GELU_FLOPS)
+
+
+def _compiles(*arrays: Array) -> bool:
+    """Whether the compiled loops take these arrays: numpy float32,
+    C-contiguous, numba available."""
+    return _jit.available() and all(
+        isinstance(a, np.ndarray) and a.dtype == _FLOAT32 and a.flags.c_contiguous
+        for a in arrays
+    )
+
+
+@define("matmul_bias", flops=_matmul_bias_flops)
+def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
+    gelu = choice(attrs, "activation", ("none", "gelu")) == "gelu"
+    gelu_kernel = lookup("gelu")
+    if gelu_kernel is None:  # pragma: no cover - the library defines it
+        raise ValueError("the library has no gelu op")
+    plain_gelu = gelu_kernel.make(xp, {"approximate": "none"})
+    matmul, add = xp.matmul, xp.add
+
+    def gemm(a: Array, w: Array, out: Array) -> Callable[[], None]:
+        if stacked_as_one_gemm(a, w, out):
+            rows = a.reshape(-1, a.shape[-1])
+            return functools.partial(
+                matmul, rows, w, out=out.reshape(-1, out.shape[-1])
+            )
+        return functools.partial(matmul, a, w, out=out)
+
+    def bind(a: Array, w: Array, bias: Array, out: Array) -> Callable[[], None]:
+        product = gemm(a, w, out)
+        cols = out.shape[-1] if out.ndim else 1
+        if gelu and out.size and bias.shape == (cols,) and _compiles(out, bias):
+            rows = out.size // cols
+            finish = _epijit.bind_rows(
+                _epijit.loop("bias_gelu"), (out.reshape(rows, cols), bias), rows, cols
+            )
+
+            def compiled() -> None:
+                product()
+                finish()
+
+            return compiled
+        scratch = xp.empty_like(out) if gelu else None
+
+        def passes() -> None:
+            product()
+            add(out, bias, out, casting="unsafe")
+            if scratch is not None:  # the library's gelu is not in place
+                plain_gelu(out, scratch)
+                xp.copyto(out, scratch)
+
+        return passes
+
+    def matmul_bias(a: Array, w: Array, bias: Array, out: Array) -> None:
+        bind(a, w, bias, out)()
+
+    return Bindable(matmul_bias, bind)
+
+
+def _add_layer_norm_flops(
+    ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]
+) -> float:
+    """About nine operations per element (add, two sums, centre, square,
+    scale, shift)."""
+    return 9.0 * outs[0].size
+
+
+@define("add_layer_norm", flops=_add_layer_norm_flops)
+def _add_layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
+    axis, epsilon = integer(attrs, "axis"), number(attrs, "epsilon")
+    has_bias = flag(attrs, "bias")
+    keeps_sum = bool(attrs.get("sum", False))
+    norm_op = lookup("layer_norm")
+    if norm_op is None:  # pragma: no cover - the library defines it
+        raise ValueError("the library has no layer_norm op")
+    norm = norm_op.make(
+        xp,
+        {
+            "axis": axis,
+            "epsilon": epsilon,
+            "bias": has_bias,
+            "stats": 0,
+            "stash_dtype": "float32",
+        },
+    )
+    add = xp.add
+
+    def bind(x: Array, r: Array, scale: Array, *rest: Array) -> Callable[[], None]:
+        out, total = (rest[-2], rest[-1]) if keeps_sum else (rest[-1], rest[-1])
+        shift = rest[0] if has_bias else None
+        width = math.prod(out.shape[axis % out.ndim :]) if out.ndim else 1
+        sums = (total,) if keeps_sum else ()
+        if (
+            x.shape == r.shape == out.shape
+            and out.size
+            and scale.shape == out.shape[axis % out.ndim :]
+            and (shift is None or shift.shape == scale.shape)
+            and _compiles(x, r, scale, out, *sums, *(() if shift is None else (shift,)))
+        ):
+            rows = out.size // width
+            offset = np.zeros(width, np.float32) if shift is None else shift
+            arrays = (
+                x.reshape(rows, width),
+                r.reshape(rows, width),
+                scale.reshape(width),
+                offset.reshape(width),
+                out.reshape(rows, width),
+                *(s.reshape(rows, width) for s in sums),
+                np.float32(epsilon),
+            )
+            name = "add_layer_norm_sum" if keeps_sum else "add_layer_norm"
+            return _epijit.bind_rows(_epijit.loop(name), arrays, rows, width)
+        args = (total, scale, *(() if shift is None else (shift,)), out)
+        normalise = (
+            norm.bind(*args)
+            if isinstance(norm, Bindable)
+            else functools.partial(norm, *args)
+        )
+
+        def passes() -> None:
+            add(x, r, total, casting="unsafe")
+            normalise()
+
+        return passes
+
+    def add_layer_norm(x: Array, r: Array, scale: Array, *rest: Array) -> None:
+        bind(x, r, scale, *rest)()
+
+    return Bindable(add_layer_norm, bind)
+
+
+@define("scale_add_softmax", flops=lambda ins, outs: 4.0 * outs[0].size)
+def _scale_add_softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
+    divide = flag(attrs, "divide")
+    softmax_op = lookup("softmax")
+    if softmax_op is None:  # pragma: no cover - the library defines it
+        raise ValueError("the library has no softmax op")
+    softmax = softmax_op.make(xp, {"axes": attrs.get("axes"), "log": False})
+    scale, add = (xp.divide if divide else xp.multiply), xp.add
+
+    def bind(x: Array, c: Array, m: Array, out: Array) -> Callable[[], None]:
+        normalise = (  # the library's softmax is in place safe
+            softmax.bind(out, out)
+            if isinstance(softmax, Bindable)
+            else functools.partial(softmax, out, out)
+        )
+
+        def scale_add_softmax() -> None:
+            scale(x, c, out, casting="unsafe")
+            add(out, m, out, casting="unsafe")
+            normalise()
+
+        return scale_add_softmax
+
+    def call(x: Array, c: Array, m: Array, out: Array) -> None:
+        bind(x, c, m, out)()
+
+    return Bindable(call, bind)
+
+
+def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
+    inverse = [0] * len(perm)
+    for position, axis in enumerate(perm):
+        inverse[axis] = position
+    return tuple(inverse)
+
+
+def _perm(attrs: Attrs, key: str) -> tuple[int, ...] | None:
+    value = attrs.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or sorted(value) != list(range(len(value))):
+        raise ValueError(f"attribute {key!r} must be a permutation: {value!r}")
+    return tuple(int(v) for v in value)
+
+
+def _matmul_views_flops(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]) -> float:
+    """``2 * stack * M * N * K``, which is ``2 sqrt(|a| |b| |out| /
+    stack)``, with the stack estimated as ``out``'s leading axes (exact
+    where ``perm_out`` keeps the last two axes; an estimate otherwise)."""
+    out = outs[0]
+    stack = math.prod(out.shape[:-2])
+    if not out.size or not stack:
+        return 0.0
+    return 2.0 * math.sqrt(ins[0].size * ins[1].size * out.size / stack)
+
+
+#: A right operand whose rows are not contiguous (attention's ``K^T`` as a
+#: view) is copied first where its rows are at least this long: numpy's
+#: matmul over such a view cost 98 against 77 us with the copy at 2 x 12
+#: heads of 64 x 64, 195 against 150 at 12 of 128 x 128, but 135 against
+#: 155 us at 32 x 12 of 16 x 16 (2-core AVX-512 VM).
+MIN_COPIED_COLUMNS = 32
+
+
+def _copies_right(right: Array) -> bool:
+    return bool(
+        right.ndim >= 2
+        and right.strides[-1] != right.itemsize
+        and right.shape[-1] >= MIN_COPIED_COLUMNS
+    )
+
+
+@define("matmul_views", flops=_matmul_views_flops)
+def _matmul_views(xp: ModuleType, attrs: Attrs) -> Kernel:
+    perm_a, perm_b = _perm(attrs, "perm_a"), _perm(attrs, "perm_b")
+    perm_out = _perm(attrs, "perm_out")
+    back = None if perm_out is None else _inverse(perm_out)
+    matmul = xp.matmul
+
+    def bind(a: Array, b: Array, out: Array) -> Callable[[], None]:
+        left = a if perm_a is None else a.transpose(perm_a)
+        right = b if perm_b is None else b.transpose(perm_b)
+        result = out if back is None else out.transpose(back)
+        if xp is not np:  # cupy's matmul may refuse a strided ``out``
+
+            def through_temporary() -> None:
+                xp.copyto(result, matmul(left, right))
+
+            return through_temporary
+        if not _copies_right(right):
+            return functools.partial(matmul, left, right, out=result)
+        keep = right.nbytes <= BOUND_SCRATCH_BYTES
+        scratch = xp.empty(right.shape, right.dtype) if keep else None
+        copyto = xp.copyto
+
+        def packed() -> None:
+            dense = scratch if scratch is not None else xp.empty_like(right)
+            copyto(dense, right)
+            matmul(left, dense, out=result)
+
+        return packed
+
+    def call(a: Array, b: Array, out: Array) -> None:
+        bind(a, b, out)()
+
+    return Bindable(call, bind)

@@ -1,0 +1,230 @@
+"""The epilogue ops (``matmul_bias``, ``add_layer_norm``) against the unfused
+kernels they replace, compiled (numba) and on their numpy paths, called and
+bound: the numpy paths give the unfused kernels' bits, the compiled loops
+agree to float32 rounding."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncrt.ops import _jit, lookup
+from asyncrt.ops._kernels import global_namespace_func
+from scheduler.dispatch import Bindable
+
+RNG = np.random.default_rng(11)
+HAS_NUMBA = importlib.util.find_spec("numba") is not None
+ENGINES = [
+    pytest.param(
+        True, id="compiled", marks=pytest.mark.skipif(not HAS_NUMBA, reason="numba")
+    ),
+    pytest.param(False, id="numpy"),
+]
+
+
+def _float(*shape: int) -> np.ndarray[Any, Any]:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _op(name: str, **attrs: Any) -> Any:
+    definition = lookup(name)
+    assert definition is not None
+    return definition.make(np, attrs)
+
+
+def _unfused_gelu(y: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    out = np.empty_like(y)
+    _op("gelu", approximate="none")(y, out)
+    return out
+
+
+def _run(kernel: Any, bound: bool, *arrays: np.ndarray[Any, Any]) -> None:
+    if bound:
+        assert isinstance(kernel, Bindable)
+        kernel.bind(*arrays)()
+    else:
+        kernel(*arrays)
+
+
+@pytest.mark.parametrize("bound", [False, True])
+@pytest.mark.parametrize("compiled", ENGINES)
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+@pytest.mark.parametrize("shape", [(2, 5, 8), (7, 8), (8,)])
+def test_matmul_bias_equals_matmul_then_add_then_gelu(
+    shape: tuple[int, ...],
+    activation: str,
+    compiled: bool,
+    bound: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_jit, "enabled", compiled)
+    a, w, bias = _float(*shape), _float(8, 6), _float(6)
+    matmul, add = (global_namespace_func(n, "numpy") for n in ("matmul", "add"))
+    assert matmul is not None and add is not None
+    expected = np.empty((*shape[:-1], 6), np.float32)
+    matmul(a, w, expected)
+    add(expected, bias, expected)
+    if activation == "gelu":
+        expected = _unfused_gelu(expected)
+    out = np.full_like(expected, np.nan)
+    _run(_op("matmul_bias", activation=activation), bound, a, w, bias, out)
+    if compiled and activation == "gelu":
+        np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(out, expected)
+
+
+def test_matmul_bias_refuses_an_unknown_activation() -> None:
+    with pytest.raises(ValueError, match="activation"):
+        _op("matmul_bias", activation="relu6")
+
+
+def _unfused_layer_norm(
+    x: np.ndarray[Any, Any],
+    r: np.ndarray[Any, Any],
+    scale: np.ndarray[Any, Any],
+    bias: np.ndarray[Any, Any] | None,
+    epsilon: float,
+) -> np.ndarray[Any, Any]:
+    total = np.add(x, r)
+    out = np.empty_like(total)
+    norm = _op(
+        "layer_norm",
+        axis=-1,
+        epsilon=epsilon,
+        bias=bias is not None,
+        stats=0,
+        stash_dtype="float32",
+    )
+    norm(total, scale, *(() if bias is None else (bias,)), out)
+    return out
+
+
+@pytest.mark.parametrize("bound", [False, True])
+@pytest.mark.parametrize("compiled", ENGINES)
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("keeps_sum", [False, True])
+@pytest.mark.parametrize(
+    ("x_shape", "r_shape"),
+    [
+        ((2, 5, 384), (2, 5, 384)),  # whole lanes of eight
+        ((3, 13), (3, 13)),  # a tail after the lanes
+        ((4, 5), (4, 5)),  # only a tail
+        ((2, 4, 12), (1, 4, 12)),  # broadcast residual: the numpy path
+    ],
+)
+def test_add_layer_norm_equals_add_then_layer_norm(
+    x_shape: tuple[int, ...],
+    r_shape: tuple[int, ...],
+    with_bias: bool,
+    keeps_sum: bool,
+    compiled: bool,
+    bound: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_jit, "enabled", compiled)
+    width = x_shape[-1]
+    x, r = _float(*x_shape) * 3 + 1, _float(*r_shape)
+    scale, bias = _float(width), (_float(width) if with_bias else None)
+    expected = _unfused_layer_norm(x, r, scale, bias, 1e-5)
+    out = np.full_like(expected, np.nan)
+    total = np.full_like(expected, np.nan)
+    kernel = _op("add_layer_norm", axis=-1, epsilon=1e-5, bias=with_bias, sum=keeps_sum)
+    outputs = (out, total) if keeps_sum else (out,)
+    _run(kernel, bound, x, r, scale, *(() if bias is None else (bias,)), *outputs)
+    if keeps_sum:
+        np.testing.assert_array_equal(total, np.add(x, r))
+    takes_loop = compiled and x_shape == r_shape
+    if takes_loop:
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.skipif(not HAS_NUMBA, reason="numba")
+def test_add_layer_norm_loop_keeps_non_finite_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_jit, "enabled", True)
+    x, r, scale = _float(3, 16), _float(3, 16), _float(16)
+    x[1, 3] = np.nan
+    x[2, 0] = np.inf
+    out = np.empty_like(x)
+    kernel = _op("add_layer_norm", axis=-1, epsilon=1e-5, bias=False)
+    with np.errstate(invalid="ignore"):  # the library's layer norm warns
+        expected = _unfused_layer_norm(x, r, scale, None, 1e-5)
+        kernel(x, r, scale, out)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+    np.testing.assert_allclose(out[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bound", [False, True])
+@pytest.mark.parametrize("divide", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scale_add_softmax_gives_the_unfused_kernels_bits(
+    divide: bool, bound: bool, dtype: type
+) -> None:
+    x = (_float(2, 3, 5, 5) * 4).astype(dtype)
+    c = np.array(np.sqrt(8.0), dtype)
+    mask = np.zeros((2, 1, 1, 5), dtype)
+    mask[0, ..., -2:] = np.finfo(dtype).min
+    softmax = _op("softmax", axes=[3], log=False)
+    scaled = np.divide(x, c) if divide else np.multiply(x, c)
+    expected = np.empty_like(x)
+    softmax(np.add(scaled, mask), expected)
+    out = np.full_like(x, np.nan)
+    kernel = _op("scale_add_softmax", divide=divide, axes=[3])
+    _run(kernel, bound, x, c, mask, out)
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("bound", [False, True])
+@pytest.mark.parametrize("seq", [5, 40])  # K^T as a view; copied first
+def test_matmul_views_multiplies_the_transposed_views(bound: bool, seq: int) -> None:
+    q, k = _float(2, seq, 3, 4), _float(2, seq, 3, 4)
+    expected = np.matmul(
+        np.ascontiguousarray(q.transpose(0, 2, 1, 3)),
+        np.ascontiguousarray(k.transpose(0, 2, 3, 1)),
+    ).transpose(0, 2, 1, 3)
+    out = np.full(expected.shape, np.nan, np.float32)
+    kernel = _op(
+        "matmul_views", perm_a=[0, 2, 1, 3], perm_b=[0, 2, 3, 1], perm_out=[0, 2, 1, 3]
+    )
+    _run(kernel, bound, q, k, out)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_matmul_views_refuses_a_permutation_that_is_none() -> None:
+    with pytest.raises(ValueError, match="perm_a"):
+        _op("matmul_views", perm_a=[0, 0], perm_b=None, perm_out=None)
+
+
+@pytest.mark.skipif(not HAS_NUMBA, reason="numba")
+def test_loops_split_over_threads_give_the_same_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from asyncrt.ops import _epijit
+    from asyncrt.runtime import _threads
+
+    monkeypatch.setattr(_jit, "enabled", True)
+    monkeypatch.setattr(_epijit, "MIN_ELEMENTS_PER_THREAD", 8)
+    limits = _threads.ThreadLimits(cores=2)
+    monkeypatch.setattr(_threads, "limits", limits)
+    lease = limits.acquire(2)
+    try:
+        assert limits.threads == 2
+        x, r, scale = _float(7, 24), _float(7, 24), _float(24)
+        expected = _unfused_layer_norm(x, r, scale, None, 1e-5)
+        out = np.empty_like(x)
+        _op("add_layer_norm", axis=-1, epsilon=1e-5, bias=False)(x, r, scale, out)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+        a, w, bias = _float(9, 8), _float(8, 6), _float(6)
+        want = _unfused_gelu(np.add(np.matmul(a, w), bias))
+        got = np.empty_like(want)
+        _op("matmul_bias", activation="gelu")(a, w, bias, got)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    finally:
+        lease.release()
