@@ -25,7 +25,9 @@ process, rounds interleaved:
 ``--memory``: in child processes, the peak RSS (``VmHWM``) above a child
 that only imported the libraries, of (a) asyncrt: ``from_onnx(path)``,
 ``create``, then 64 concurrent callers for ``--memory-rounds`` rounds at
-batch 1, sequence 16 with ``await ex.run``; (b) ONNX Runtime: an
+batch 1, sequence 16 with ``await ex.run``, with numba and without it
+(``ASYNCRT_JIT=0``: what ``pip install asyncrt`` without the ``jit`` extra
+runs); (b) ONNX Runtime: an
 ``InferenceSession(path)`` and the same 64 callers through
 ``loop.run_in_executor`` (the default thread pool), in the same loop shape.
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -209,7 +212,7 @@ def memory(args: argparse.Namespace) -> dict[str, float]:
         path = str(Path(folder) / "encoder.onnx")
         onnx.save(_model(), path)
 
-        def child(kind: str) -> float:
+        def child(kind: str, jit: str = "1") -> float:
             out = subprocess.run(
                 [
                     sys.executable,
@@ -222,16 +225,21 @@ def memory(args: argparse.Namespace) -> dict[str, float]:
                 capture_output=True,
                 text=True,
                 check=True,
+                env={**os.environ, "ASYNCRT_JIT": jit},
             )
             return float(json.loads(out.stdout.strip().splitlines()[-1])["maxrss_mb"])
 
         base = child("baseline")
         result = {kind: child(kind) - base for kind in ("asyncrt", "ort")}
+        # without the compiled engine: what `pip install asyncrt` runs
+        result["asyncrt-nojit"] = child("asyncrt", jit="0") - base
     print(
         f"\npeak RSS above the libraries, 64 concurrent callers x "
-        f"{args.memory_rounds} rounds: asyncrt {result['asyncrt']:.0f} MB, "
-        f"ONNX Runtime {result['ort']:.0f} MB "
-        f"({result['asyncrt'] / result['ort']:.2f}x)"
+        f"{args.memory_rounds} rounds: asyncrt {result['asyncrt']:.0f} MB with numba "
+        f"({result['asyncrt'] / result['ort']:.2f}x), "
+        f"{result['asyncrt-nojit']:.0f} MB without (ASYNCRT_JIT=0, "
+        f"{result['asyncrt-nojit'] / result['ort']:.2f}x); ONNX Runtime "
+        f"{result['ort']:.0f} MB"
     )
     return result
 

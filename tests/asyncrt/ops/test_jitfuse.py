@@ -206,3 +206,40 @@ def test_read_only_inputs_compile_too() -> None:
     conv.bind(_read_only(images), _read_only(weights), _read_only(shift), a)()
     conv.bind(images, weights, shift, b)()
     np.testing.assert_array_equal(a, b)
+
+
+ERF_PROGRAM = """
+import sys
+import numpy as np
+from asyncrt import graph_executor
+from asyncrt.graph import GraphBuilder
+
+b = GraphBuilder()
+x = b.input("x", shape=(1 << 16,), dtype="float32")
+b.output(b.op("erf", x, shape=(1 << 16,), dtype="float32"))
+with graph_executor.create(b.build(), None, "cpu") as ex:
+    (y,) = ex.run_sync(x=np.linspace(-3, 3, 1 << 16, dtype=np.float32))
+assert np.isfinite(y.numpy()).all()
+print("numba" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(("setting", "imported"), [("1", "True"), ("0", "False")])
+def test_asyncrt_jit_0_keeps_numba_out_of_the_process(
+    setting: str, imported: str
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ASYNCRT_JIT": setting}
+    done = subprocess.run(
+        [sys.executable, "-c", ERF_PROGRAM],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[3],
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == imported
