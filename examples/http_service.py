@@ -23,6 +23,13 @@ handful of plans. The embedding is the mean of ``last_hidden_state`` over
 the sentence's tokens, L2-normalised (as sentence-transformers pools
 MiniLM). ``--no-batching`` sends every sentence to ``ex.run`` on its own.
 
+The model runs in two worker processes (``processes=True``): kernels never
+compete with the server's event loop for its GIL or its CPU, so health
+checks and new connections are answered promptly under full load, and
+batches run as fast as in the server's process (``bench/bench_serving.py``:
+``batched-proc`` beside ``batched``). ``--in-process`` keeps the model in
+the server (one copy of the weights instead of one per worker).
+
 The tokenizer here is a stand-in (words hashed to ids between BERT's
 ``[CLS]`` and ``[SEP]``): a real service uses the model's own (Hugging
 Face ``tokenizers``) and changes nothing else.
@@ -159,7 +166,13 @@ class Settings:
     :ivar batching: batch sentences across requests.
     :ivar max_batch: the batcher's ``max_batch``.
     :ivar max_delay_ms: the batcher's ``max_delay_ms``.
-    :ivar max_contexts: the executor's ``max_contexts``.
+    :ivar processes: run the model in worker processes (the executor's
+        ``processes=True``, at ``worker_nice`` 10): no kernel holds the
+        server's CPU or GIL, so its event loop answers within about a
+        millisecond of idle under full load (bench/bench_serving.py's
+        ``batched-proc``), at the memory of one model per worker.
+    :ivar max_contexts: the executor's ``max_contexts`` (with
+        ``processes``, its worker processes).
     :ivar max_body: the largest request body accepted, bytes.
     :ivar max_sentences: the most sentences one request may embed.
     """
@@ -169,7 +182,8 @@ class Settings:
     batching: bool = True
     max_batch: int = 32
     max_delay_ms: float = 2.0
-    max_contexts: int = 4
+    processes: bool = True
+    max_contexts: int = 2
     max_body: int = MAX_BODY
     max_sentences: int = MAX_SENTENCES
 
@@ -199,7 +213,13 @@ class Embedder:
         )
         self.tokenizer = Tokenizer(vocabulary_size(params))
         self.ex = graph_executor.create(
-            graph, None, "cpu", params=params, max_contexts=settings.max_contexts
+            graph,
+            None,
+            "cpu",
+            params=params,
+            max_contexts=settings.max_contexts,
+            processes=settings.processes,
+            worker_nice=10,  # the server's loop preempts the workers
         )
         self.batcher: asyncrt.Batcher | None = None
         if settings.batching:
@@ -416,7 +436,14 @@ def main() -> None:
     ap.add_argument("--no-batching", action="store_true")
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--max-delay-ms", type=float, default=2.0)
-    ap.add_argument("--contexts", type=int, default=4, help="runs in flight")
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the model in the server's process (less memory, more loop lag)",
+    )
+    ap.add_argument(
+        "--contexts", type=int, default=2, help="runs in flight (worker processes)"
+    )
     ap.add_argument("--max-body", type=int, default=MAX_BODY)
     ap.add_argument("--max-sentences", type=int, default=MAX_SENTENCES)
     args = ap.parse_args()
@@ -426,6 +453,7 @@ def main() -> None:
         batching=not args.no_batching,
         max_batch=args.max_batch,
         max_delay_ms=args.max_delay_ms,
+        processes=not args.in_process,
         max_contexts=args.contexts,
         max_body=args.max_body,
         max_sentences=args.max_sentences,

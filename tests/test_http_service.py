@@ -41,8 +41,9 @@ load = load_example("load")
 
 @contextlib.asynccontextmanager
 async def client(**settings: Any) -> AsyncIterator[Any]:
-    """A client of the app in this process, its lifespan running."""
-    app = service.create_app(service.Settings(**settings))
+    """A client of the app in this process, its lifespan running (the model
+    in this process too unless ``processes=True`` is given)."""
+    app = service.create_app(service.Settings(**{"processes": False, **settings}))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
@@ -60,8 +61,9 @@ SENTENCES = [
 
 
 @pytest.mark.anyio
-async def test_embeddings_batched_equal_unbatched() -> None:
-    async with client() as batched:
+@pytest.mark.parametrize("processes", [False, True])
+async def test_embeddings_batched_equal_unbatched(processes: bool) -> None:
+    async with client(processes=processes) as batched:
         response = await batched.get("/health")
         assert response.json() == {"status": "ok", "batching": True}
         answers: list[Any] = [None] * len(SENTENCES)
@@ -117,7 +119,7 @@ async def test_bad_requests_are_refused(
 
 @pytest.mark.anyio
 async def test_after_shutdown_the_service_says_so() -> None:
-    app = service.create_app(service.Settings())
+    app = service.create_app(service.Settings(processes=False))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://s") as c:
         async with app.router.lifespan_context(app):
@@ -129,7 +131,7 @@ async def test_after_shutdown_the_service_says_so() -> None:
 
 @pytest.mark.anyio
 async def test_the_load_generator_in_process() -> None:
-    app = service.create_app(service.Settings())
+    app = service.create_app(service.Settings(processes=False))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         outcome = await load.run_load(
