@@ -40,6 +40,10 @@ by ``export_models.py`` on first use (PyTorch is the ``bench`` extra).
 The GPU runners and the ``enc-b16`` model (the encoder at batch 16, sequence
 128, width 256) are not in the defaults: they need cupy and a GPU.
 
+``--neighbour`` keeps a CPU-bound process running on the same cores
+meanwhile (a busy neighbour: compare each runner's time with a run
+without it).
+
 Outputs are compared with ONNX Runtime's (``max|d| / max|ref| <= 1e-4``).
 Each pair: warm-up, then at least ``--min-runs`` timed runs and
 ``--min-time`` seconds. ``--profile`` also writes each asyncrt runner's
@@ -52,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -278,6 +283,11 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--json")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument(
+        "--neighbour",
+        action="store_true",
+        help="a CPU-bound process on the same cores throughout (a busy neighbour)",
+    )
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "RUNNER"))
     ap.add_argument(
         "--peer-py",
@@ -292,6 +302,37 @@ def main() -> None:
         a.runners = ",".join(RUNNERS + (TVM_RUNNERS if a.peer_py else ()))
     best: dict[tuple[str, str], dict[str, Any]] = {}
     results = []
+    neighbour = None
+    if a.neighbour:
+        neighbour = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
+    try:
+        rounds(a, best, results)
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
+    print()
+    print(table(best))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"best": list(best.values()), "all": results}, f, indent=1)
+    if a.profile:
+        for r in best.values():
+            if "profile" in r:
+                write_profile(r)
+
+
+#: The busy neighbour: one CPU-bound Python process, all the time.
+BUSY_LOOP = "x = 0\nwhile True:\n    x = (x * 1103515245 + 12345) % 2147483648\n"
+
+
+def rounds(
+    a: argparse.Namespace,
+    best: dict[tuple[str, str], dict[str, Any]],
+    results: list[dict[str, Any]],
+) -> None:
+    """Every (model, runner) pair, ``a.rounds`` times, into ``results``; the
+    best-median result of each pair into ``best``."""
     for _ in range(a.rounds):
         for model in a.models.split(","):
             for runner in a.runners.split(","):
@@ -305,15 +346,6 @@ def main() -> None:
                     and r["median_s"] < best[key].get("median_s", float("inf"))
                 ):
                     best[key] = r
-    print()
-    print(table(best))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"best": list(best.values()), "all": results}, f, indent=1)
-    if a.profile:
-        for r in best.values():
-            if "profile" in r:
-                write_profile(r)
 
 
 def write_profile(r: dict[str, Any]) -> None:
