@@ -58,9 +58,10 @@ __all__ = (
     "takes",
 )
 
-#: Fewer channels than this take the im2col or banded paths: the channel
-#: vectors are too short to pay for the layout copies (8 channels of 16 x
-#: 16 at batch 32: 292 against 183 us).
+#: Fewer channels than this take the im2col or banded paths where the
+#: output is narrower than :data:`PLANAR_MIN_WIDTH`: the channel vectors are
+#: too short to pay for the channels-last copies (8 channels of 16 x 16 at
+#: batch 32: 292 against 183 us); the planar loop needs no copies.
 MIN_CHANNELS = 16
 
 #: Multiply-adds each thread gets at least before a convolution is split
@@ -69,8 +70,12 @@ MIN_CHANNELS = 16
 MIN_WORK_PER_THREAD = 2_000_000
 
 #: Outputs at least this wide are computed on the NCHW planes, along their
-#: rows (no layout copies); narrower ones channels-last.
-PLANAR_MIN_WIDTH = 28
+#: rows (no layout copies); narrower ones channels-last. One thread, 3 x 3
+#: unless said: 8 channels of 16 x 16 at batch 2 5.8 us planar against 19.4
+#: channels-last (and 17.8 by im2col); 64 of 14 x 14 19.9 against 26.7; 96
+#: of 14 x 14, 5 x 5, 50.6 against 54.1; but at width 7, 64 channels 8.6
+#: against 6.6 and 576 channels 68.5 against 43.3.
+PLANAR_MIN_WIDTH = 8
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -178,8 +183,9 @@ def _depthwise_planes(  # pragma: no cover - compiled by numba
 def takes(xp: ModuleType, x: Array, w: Array, out: Array, group: int) -> bool:
     """Whether a convolution of these arrays is depthwise and compiles:
     numpy, 2-D, one input and one output channel per group, float32 or
-    float64, C-contiguous, at least :data:`MIN_CHANNELS` channels, and the
-    compiled engine available."""
+    float64, C-contiguous, at least :data:`MIN_CHANNELS` channels or an
+    output :data:`PLANAR_MIN_WIDTH` wide, and the compiled engine
+    available."""
     return bool(
         xp is np
         and _jit.available()
@@ -188,7 +194,8 @@ def takes(xp: ModuleType, x: Array, w: Array, out: Array, group: int) -> bool:
         and x.dtype in _DTYPES
         and x.dtype == w.dtype == out.dtype
         and w.shape[1] == 1
-        and w.shape[0] == group == x.shape[1] >= MIN_CHANNELS
+        and w.shape[0] == group == x.shape[1]
+        and (x.shape[1] >= MIN_CHANNELS or out.shape[3] >= PLANAR_MIN_WIDTH)
         and all(a.flags.c_contiguous for a in (x, w, out))
     )
 

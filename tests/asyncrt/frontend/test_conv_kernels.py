@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from asyncrt import Bindable
-from asyncrt.ops import _banded, _common, _im2col, _scratch, lookup
+from asyncrt.ops import _banded, _common, _im2col, _jit, _scratch, lookup
 
 
 def _reference(
@@ -174,7 +174,9 @@ def test_a_bound_conv_computes_what_the_call_does(
     """``kernel.bind(*arrays)()`` (views and scratch made once; with no room
     for scratch, the thread's scratch borrowed per call) gives the plain
     call's bits, run after run on new values in the same arrays (the
-    padding stays zero, even where other kernels dirtied the scratch)."""
+    padding stays zero, even where other kernels dirtied the scratch). The
+    numpy paths: the compiled depthwise loops are tests/asyncrt/ops'."""
+    monkeypatch.setattr(_jit, "enabled", False)
     monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", scratch_bytes)
     attrs = _stride1_attrs(ws, group, pads, dil, bias)
     if relu:
@@ -205,9 +207,13 @@ def test_a_bound_conv_computes_what_the_call_does(
         assert (out >= 0).all()
 
 
-def test_narrow_depthwise_convolutions_take_the_banded_matmul() -> None:
-    """The banded cases above bind the banded matmul; a depthwise one with
-    too few rows (the test CNN at batch 2) keeps im2col."""
+def test_narrow_depthwise_convolutions_take_the_banded_matmul(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the compiled engine (whose planar loop takes them first), the
+    banded cases above bind the banded matmul; a depthwise one with too few
+    rows (the test CNN at batch 2) keeps im2col."""
+    monkeypatch.setattr(_jit, "enabled", False)
     for xs, ws, group, pads, dil, bias in [*BANDED, CASES[1]]:
         kernel = lookup("conv").make(np, _stride1_attrs(ws, group, pads, dil, bias))
         assert isinstance(kernel, Bindable)

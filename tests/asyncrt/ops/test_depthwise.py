@@ -58,6 +58,9 @@ CASES = [
     ((1, 16, 57, 58), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1], True, True),
     ((2, 16, 30, 31), (5, 5), [1, 1], [2, 1, 2, 3], [2, 2], True, False),
     ((1, 18, 33, 36), (5, 3), [2, 3], [2, 0, 1, 2], [1, 2], False, False),
+    # few channels: planar where the output is wide enough, numpy otherwise
+    ((2, 8, 16, 16), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], True, True),
+    ((1, 3, 17, 19), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1], False, False),
 ]
 
 LAYOUTS = {"planes": 1, "pixels": 1 << 30}
@@ -134,12 +137,14 @@ def test_compiled_depthwise_matches_the_reference_and_the_numpy_path(
     x = rng.standard_normal(shape).astype(dtype)
     w = rng.standard_normal((shape[1], 1, *kernel)).astype(dtype)
     b = rng.standard_normal(shape[1]).astype(dtype) if bias else None
-    assert _depthwise.takes(np, x, w, np.empty((1, shape[1], 1, 1), dtype), shape[1])
+    out = np.empty(_reference(x, w, b, strides, pads, dilations).shape, dtype)
+    # few channels compile only on the planes (no channels-last copies)
+    few = shape[1] < _depthwise.MIN_CHANNELS
+    narrow = out.shape[3] < _depthwise.PLANAR_MIN_WIDTH
+    assert _depthwise.takes(np, x, w, out, shape[1]) == (not (few and narrow))
     compiled = _conv(x.copy(), w, b, strides, pads, dilations, relu, bound)
     monkeypatch.setattr(_jit, "enabled", False)
-    assert not _depthwise.takes(
-        np, x, w, np.empty((1, shape[1], 1, 1), dtype), shape[1]
-    )
+    assert not _depthwise.takes(np, x, w, out, shape[1])
     plain = _conv(x.copy(), w, b, strides, pads, dilations, relu, bound)
     np.testing.assert_allclose(compiled, plain, rtol=1e-5, atol=1e-5)
 
@@ -160,7 +165,9 @@ def test_few_channels_and_other_layouts_take_the_numpy_paths() -> None:
     x = np.zeros((1, 8, 8, 8), np.float32)
     w = np.zeros((8, 1, 3, 3), np.float32)
     out = np.zeros((1, 8, 6, 6), np.float32)
-    assert not _depthwise.takes(np, x, w, out, 8)  # fewer than MIN_CHANNELS
+    assert not _depthwise.takes(np, x, w, out, 8)  # few channels, narrow
+    wide = np.zeros((1, 8, 8, 8), np.float32)  # the planar loop takes them
+    assert _depthwise.takes(np, np.zeros((1, 8, 10, 10), np.float32), w, wide, 8)
     x16, w16 = np.zeros((1, 16, 8, 8), np.float32), np.zeros((16, 1, 3, 3), np.float32)
     out16 = np.zeros((1, 16, 6, 6), np.float32)
     assert _depthwise.takes(np, x16, w16, out16, 16)
