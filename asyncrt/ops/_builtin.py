@@ -396,23 +396,24 @@ def stacked_as_one_gemm(a: Array, b: Array, out: Array) -> bool:
     )
 
 
+def bind_matmul(
+    matmul: Callable[..., Any], a: Array, b: Array, out: Array
+) -> Callable[[], None]:
+    """``matmul(a, b, out=out)`` as a call without arguments: one GEMM over
+    views where :func:`stacked_as_one_gemm` says so (``out`` by keyword:
+    cupy takes it no other way)."""
+    if stacked_as_one_gemm(a, b, out):
+        rows = a.reshape(-1, a.shape[-1])
+        return functools.partial(matmul, rows, b, out=out.reshape(-1, out.shape[-1]))
+    return functools.partial(matmul, a, b, out=out)
+
+
 @builtin("matmul", flops=_matmul_flops)
 def _matmul(xp: ModuleType) -> Bindable:
-    matmul = xp.matmul
+    bind = functools.partial(bind_matmul, xp.matmul)
 
     def product(a: Array, b: Array, out: Array) -> None:
-        if stacked_as_one_gemm(a, b, out):
-            matmul(a.reshape(-1, a.shape[-1]), b, out=out.reshape(-1, out.shape[-1]))
-        else:
-            matmul(a, b, out=out)  # cupy takes ``out`` by keyword only
-
-    def bind(a: Array, b: Array, out: Array) -> Callable[[], None]:
-        if stacked_as_one_gemm(a, b, out):
-            rows = a.reshape(-1, a.shape[-1])
-            return functools.partial(
-                matmul, rows, b, out=out.reshape(-1, out.shape[-1])
-            )
-        return functools.partial(matmul, a, b, out=out)
+        bind(a, b, out)()
 
     return Bindable(product, bind)
 

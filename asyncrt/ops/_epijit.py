@@ -24,11 +24,9 @@ about 190 for the unfused add and layer norm (2-core AVX-512 VM).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Callable
 
-from ..runtime import _threads
 from . import _jit, _jitmath
 from ._common import Array
 
@@ -123,14 +121,4 @@ def bind_rows(
     """``kernel(*arrays, first, last)`` over all ``rows`` as a call without
     arguments, compiled for these arrays now and split over the kernel
     threads where each gets :data:`MIN_ELEMENTS_PER_THREAD` elements."""
-    _jit.specialise(kernel, (*arrays, 0, rows))
-    enough = rows * cols // MIN_ELEMENTS_PER_THREAD
-    threads = min(_threads.limits.threads, rows, enough)
-    if threads <= 1:
-        return functools.partial(kernel, *arrays, 0, rows)
-    share = -(-rows // threads)
-    parts = [
-        functools.partial(kernel, *arrays, r, min(r + share, rows))
-        for r in range(0, rows, share)
-    ]
-    return functools.partial(_threads.run_parts, parts)
+    return _jit.bind_rows(kernel, arrays, rows, cols, MIN_ELEMENTS_PER_THREAD)

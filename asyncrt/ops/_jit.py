@@ -48,9 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from .._module_files import import_file
+from ..runtime import _threads
 
 __all__ = (
     "available",
+    "bind_rows",
     "cache_dir",
     "compile_kernel",
     "compile_source",
@@ -103,6 +105,32 @@ def specialise(function: Any, args: tuple[Any, ...]) -> None:
     loop, a run should not pay the compiler."""
     numba = importlib.import_module("numba")
     function.compile(tuple(numba.typeof(arg) for arg in args))
+
+
+def bind_rows(
+    kernel: Callable[..., None],
+    arrays: tuple[Any, ...],
+    rows: int,
+    row_size: int,
+    min_elements: int,
+) -> Callable[[], None]:
+    """``kernel(*arrays, first, last)`` over rows ``0:rows`` as a call
+    without arguments: compiled for these arrays now (see
+    :func:`specialise`), and split over the kernel threads
+    (:func:`asyncrt.runtime._threads.run_parts`) where each gets at least
+    ``min_elements`` elements of ``row_size`` per row (0: a row each).
+    A compiled call releases the GIL, so the parts run truly in parallel."""
+    specialise(kernel, (*arrays, 0, rows))
+    enough = rows * row_size // min_elements if min_elements else rows
+    threads = min(_threads.limits.threads, rows, enough)
+    if threads <= 1:
+        return functools.partial(kernel, *arrays, 0, rows)
+    share = -(-rows // threads)
+    parts = [
+        functools.partial(kernel, *arrays, first, min(first + share, rows))
+        for first in range(0, rows, share)
+    ]
+    return functools.partial(_threads.run_parts, parts)
 
 
 #: Where generated kernel sources (and, beside them, numba's cache of their

@@ -44,7 +44,6 @@ from typing import Any, Literal
 
 from scheduler.fusion import FusedNode
 
-from ..runtime import _threads
 from . import _jit, _jitmath
 from ._kernels import Bindable
 from ._library import FusionTemplate, node_fusion_template
@@ -220,19 +219,13 @@ class JitFusedKernel(Bindable):
         views = self._views(arrays)
         if views is None:
             return functools.partial(self._fallback, *arrays)
-        kernel, rows = self._kernel(), self._rows
-        _jit.specialise(kernel, (*views, 0, rows))
-        size = rows * self._columns
-        enough = size // MIN_ELEMENTS_PER_THREAD if MIN_ELEMENTS_PER_THREAD else rows
-        threads = min(_threads.limits.threads, rows, enough)
-        if threads <= 1:
-            return functools.partial(kernel, *views, 0, rows)
-        share = -(-rows // threads)
-        parts = [
-            functools.partial(kernel, *views, r, min(r + share, rows))
-            for r in range(0, rows, share)
-        ]
-        return functools.partial(_threads.run_parts, parts)
+        return _jit.bind_rows(
+            self._kernel(),
+            tuple(views),
+            self._rows,
+            self._columns,
+            MIN_ELEMENTS_PER_THREAD,
+        )
 
 
 def _unary_source(expression: str) -> str:
@@ -296,18 +289,8 @@ def compiled_unary(
         text = _unary_source(expression)
         module = "asyncrt_unary_" + hashlib.sha256(text.encode()).hexdigest()[:20]
         kernel = _jit.compile_source(module, text, "kernel")
-        flat, result, size = a.reshape(-1), out.reshape(-1), a.size
-        _jit.specialise(kernel, (flat, result, 0, size))
-        enough = size // MIN_ELEMENTS_PER_THREAD if MIN_ELEMENTS_PER_THREAD else size
-        threads = min(_threads.limits.threads, enough)
-        if threads <= 1:
-            return functools.partial(kernel, flat, result, 0, size)
-        share = -(-size // threads)
-        parts = [
-            functools.partial(kernel, flat, result, k, min(k + share, size))
-            for k in range(0, size, share)
-        ]
-        return functools.partial(_threads.run_parts, parts)
+        arrays = (a.reshape(-1), out.reshape(-1))
+        return _jit.bind_rows(kernel, arrays, a.size, 1, MIN_ELEMENTS_PER_THREAD)
 
     def call(a: Array, out: Array) -> None:
         bind(a, out)()

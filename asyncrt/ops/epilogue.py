@@ -44,7 +44,7 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from . import _epijit, _jit
-from ._builtin import stacked_as_one_gemm
+from ._builtin import bind_matmul
 from ._common import BOUND_SCRATCH_BYTES, Array, choice, flag, integer, number
 from ._kernels import Bindable
 from ._library import Attrs, define, lookup
@@ -82,13 +82,7 @@ def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
     plain_gelu = gelu_kernel.make(xp, {"approximate": "none"})
     matmul, add = xp.matmul, xp.add
 
-    def gemm(a: Array, w: Array, out: Array) -> Callable[[], None]:
-        if stacked_as_one_gemm(a, w, out):
-            rows = a.reshape(-1, a.shape[-1])
-            return functools.partial(
-                matmul, rows, w, out=out.reshape(-1, out.shape[-1])
-            )
-        return functools.partial(matmul, a, w, out=out)
+    gemm = functools.partial(bind_matmul, matmul)
 
     def bind(a: Array, w: Array, bias: Array, out: Array) -> Callable[[], None]:
         product = gemm(a, w, out)
