@@ -88,7 +88,7 @@ class NodeSpec:
         files repeat operator names; key nodes by id).
     :ivar op: ``"null"`` for graph inputs and parameters, else ``"tvm_op"``.
     :ivar func_name: the kernel to run (``""`` for null nodes); TVM's special
-        ``"__nop"`` (output aliases input 0's storage) and ``"__copy"``.
+        ``"__nop"`` (output aliases input 0's storage) and :data:`COPY_FUNC`.
     :ivar inputs: the entries this node reads, in argument order.
     :ivar outputs: one :class:`TensorSpec` per output.
     :ivar attrs: the node's string attributes as the graph gave them.

@@ -43,7 +43,7 @@ _import_lock = threading.Lock()
 def run_kernel(kind: str, name: str, module: str, *arrays: Any) -> None:
     """Run kernel ``name`` for device ``kind`` on this worker (worker side).
 
-    :param kind: the worker-local device kind ("cpu", "cuda").
+    :param kind: the worker-local device kind (a cpu or a GPU).
     :param name: the kernel's registry name.
     :param module: the module that defines and registers it ("" for
         asyncrt's own).

@@ -56,7 +56,8 @@ async def test_one_executor_serves_every_shape_like_onnxruntime() -> None:
         stats = ex.plan_cache_stats()
     assert stats is not None
     assert (stats.misses, stats.builds, stats.hits) == (6, 6, 6)
-    assert stats.size == 6 and stats.evictions == 0 and stats.build_seconds > 0
+    assert stats.size == 6 and stats.evictions == 0
+    assert 0 < stats.last_build_seconds  # build times are recorded
 
 
 @pytest.mark.anyio
