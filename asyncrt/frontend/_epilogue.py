@@ -7,7 +7,10 @@ as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
   shape ``(W.shape[1],)``, becomes ``MatMulBias(X, W, B)``; where the sum
   only feeds the exact erf GELU as PyTorch exports it (``Div(y, sqrt 2) ->
   Erf -> Add(1) -> Mul(y) -> Mul(0.5)``), that joins it as
-  ``activation="gelu"``.
+  ``activation="gelu"``; where it feeds GPT-2's tanh GELU as PyTorch
+  exports ``GELU(approximate="tanh")`` (``Pow(y, 3) -> Mul(0.044715) ->
+  Add(y) -> Mul(sqrt(2/pi)) -> Tanh -> Add(1)``, times ``Mul(y, 0.5)``),
+  as ``activation="gelu_tanh"``.
 * ``Add(X, R) -> LayerNormalization(Scale[, Bias])``, one output and the
   default stash type, becomes ``AddLayerNormalization(X, R, Scale[,
   Bias])``; where others read the sum too (a pre-LN block's next residual),
@@ -129,10 +132,12 @@ class _Fuser:
                 continue
             absorbed = [add_index]
             output, activation = add.output[0], "none"
-            gelu = self.gelu(output)
-            if gelu is not None:
-                absorbed += gelu[0]
-                output, activation = gelu[1], "gelu"
+            for name, match in (("gelu", self.gelu), ("gelu_tanh", self.gelu_tanh)):
+                found = match(output)
+                if found is not None:
+                    absorbed += found[0]
+                    output, activation = found[1], name
+                    break
             fused = onnx.helper.make_node(
                 "MatMulBias",
                 [node.input[0], node.input[1], bias_name],
@@ -174,6 +179,51 @@ class _Fuser:
         except LookupError:
             return None
         return [div_index, erf_index, one_index, mul_index, half_index], half.output[0]
+
+    def gelu_tanh(self, y: str) -> tuple[list[int], str] | None:
+        """The nodes of ``(y * 0.5) * (1 + tanh(sqrt(2/pi) * (y + 0.044715
+        * y**3)))`` over ``y`` (its only readers: the Pow, the Add and the
+        halving Mul) and the GELU's output name, or ``None``."""
+        if y in self.outputs or self.readers[y] != 3:
+            return None
+        readers = {
+            n.op_type: (i, n)
+            for i, n in ((i, self.nodes[i]) for i in self.reader_of[y])
+            if n is not None and not n.domain
+        }
+        if set(readers) != {"Pow", "Add", "Mul"}:
+            return None
+        (pow_index, power), (add_index, add) = readers["Pow"], readers["Add"]
+        half_index, half = readers["Mul"]
+        try:
+            if power.input[0] != y or not self.scalar(power.input[1], 3.0):
+                return None
+            if not self.scalar(self.other(half, y), 0.5):
+                return None
+            cube_index, cube = self.only_reader(power.output[0], "Mul")
+            if not self.scalar(self.other(cube, power.output[0]), 0.044715):
+                return None
+            if self.only_reader(cube.output[0], "Add")[1] is not add:
+                return None
+            if self.other(add, cube.output[0]) != y:
+                return None
+            scale_index, scale = self.only_reader(add.output[0], "Mul")
+            root = math.sqrt(2.0 / math.pi)
+            if not self.scalar(self.other(scale, add.output[0]), root):
+                return None
+            tanh_index, tanh = self.only_reader(scale.output[0], "Tanh")
+            one_index, one = self.only_reader(tanh.output[0], "Add")
+            if not self.scalar(self.other(one, tanh.output[0]), 1.0):
+                return None
+            last_index, last = self.only_reader(one.output[0], "Mul")
+            if self.other(last, one.output[0]) != half.output[0]:
+                return None
+            if self.only_reader(half.output[0], "Mul")[1] is not last:
+                return None
+        except LookupError:
+            return None
+        nodes = [pow_index, cube_index, add_index, scale_index, tanh_index, one_index]
+        return [*nodes, half_index, last_index], last.output[0]
 
     def layer_norm_of(self, tensor: str) -> tuple[int, onnx.NodeProto] | None:
         """The LayerNormalization (one output, default stash type) that reads

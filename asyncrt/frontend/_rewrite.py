@@ -136,6 +136,7 @@ class _State:
             *(i.name for i in graph.input),
             *(o for node in graph.node for o in node.output),
         }
+        self.constants: dict[str, np.ndarray[Any, Any]] = {}  # Constant nodes' values
         self.before: dict[int, list[onnx.NodeProto]] = {}  # new nodes
         self.reader = {  # a reader of each tensor (the only one, where one)
             name: index
@@ -151,13 +152,25 @@ class _State:
         }
 
     def const(self, name: str) -> np.ndarray[Any, Any] | None:
+        """The value of tensor ``name`` where it is an initializer or the
+        output of a ``Constant`` node holding a tensor (as PyTorch exports
+        scalars), else ``None``."""
         if name in self.arrays:
             return self.arrays[name]
-        if name not in self.inits:
-            return None
-        if name not in self.arrays:
+        if name in self.inits:
             self.arrays[name] = numpy_helper.to_array(self.inits[name])
-        return self.arrays[name]
+            return self.arrays[name]
+        index = self.producer.get(name)
+        node = None if index is None else self.nodes[index]
+        if (
+            node is None
+            or not is_op(node, "Constant")
+            or [a.name for a in node.attribute] != ["value"]
+        ):
+            return None
+        if name not in self.constants:  # not among the weights: no new param
+            self.constants[name] = numpy_helper.to_array(node.attribute[0].t)
+        return self.constants[name]
 
     def conv_before(self, node: onnx.NodeProto) -> onnx.NodeProto | None:
         """The default-domain Conv whose only reader is ``node``."""

@@ -51,6 +51,14 @@ def bias_gelu(y, bias, first, last):
             y[r, c] = gelu_erf_(y[r, c] + bias[c])
 
 
+{_HEADER}
+def bias_gelu_tanh(y, bias, first, last):
+    cols = y.shape[1]
+    for r in range(first, last):
+        for c in range(cols):
+            y[r, c] = gelu_tanh_(y[r, c] + bias[c])
+
+
 # Only the row sums may be reassociated (vectorised): no other fast-math
 # flag, so NaN and infinities still propagate.
 @numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False,
@@ -106,8 +114,8 @@ _MODULE = "asyncrt_epilogue_" + hashlib.sha256(_SOURCE.encode()).hexdigest()[:20
 
 
 def loop(name: str) -> Callable[..., None]:
-    """The compiled loop ``name`` (``"bias_gelu"``, ``"add_layer_norm"`` or
-    ``"add_layer_norm_sum"``).
+    """The compiled loop ``name`` (``"bias_gelu"``, ``"bias_gelu_tanh"``,
+    ``"add_layer_norm"`` or ``"add_layer_norm_sum"``).
 
     :raises ModuleNotFoundError: if numba is not installed.
     """

@@ -6,11 +6,12 @@ as ONNX Runtime's own fusions do, so that the default executor launches one
 kernel where the model has two to seven, and the activations do not make a
 round trip through memory per op:
 
-* ``matmul_bias(a, w, bias, out)``, attribute ``activation`` (``"none"`` or
-  ``"gelu"``, the exact erf form): the GEMM writes ``out``, the bias is
-  added in place while ``out`` is still in cache, and the GELU follows in
-  the same pass where numba is installed (:mod:`asyncrt.ops._epijit`);
-  without it, the library's ``gelu`` kernel over a scratch buffer.
+* ``matmul_bias(a, w, bias, out)``, attribute ``activation`` (``"none"``,
+  ``"gelu"``, the exact erf form, or ``"gelu_tanh"``, GPT-2's tanh
+  approximation): the GEMM writes ``out``, the bias is added in place
+  while ``out`` is still in cache, and the GELU follows in the same pass
+  where numba is installed (:mod:`asyncrt.ops._epijit`); without it, the
+  library's ``gelu`` kernel over a scratch buffer.
 * ``add_layer_norm(x, r, scale, [bias,] out[, total])``, attributes
   ``axis``, ``epsilon``, ``bias`` and ``sum`` (``total`` given: ``x + r``
   kept there too): ``layer_norm(x + r)`` over the last axes: one
@@ -73,13 +74,20 @@ def _compiles(*arrays: Array) -> bool:
     )
 
 
+#: ``matmul_bias``'s activations: none, the exact (erf) GELU, the tanh one.
+ACTIVATIONS = ("none", "gelu", "gelu_tanh")
+
+
 @define("matmul_bias", flops=_matmul_bias_flops)
 def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
-    gelu = choice(attrs, "activation", ("none", "gelu")) == "gelu"
+    activation = choice(attrs, "activation", ACTIVATIONS)
+    gelu = activation != "none"
     gelu_kernel = lookup("gelu")
     if gelu_kernel is None:  # pragma: no cover - the library defines it
         raise ValueError("the library has no gelu op")
-    plain_gelu = gelu_kernel.make(xp, {"approximate": "none"})
+    approximate = "tanh" if activation == "gelu_tanh" else "none"
+    plain_gelu = gelu_kernel.make(xp, {"approximate": approximate})
+    loop = "bias_gelu_tanh" if approximate == "tanh" else "bias_gelu"
     matmul, add = xp.matmul, xp.add
 
     gemm = functools.partial(bind_matmul, matmul)
@@ -90,7 +98,7 @@ def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
         if gelu and out.size and bias.shape == (cols,) and _compiles(out, bias):
             rows = out.size // cols
             finish = _epijit.bind_rows(
-                _epijit.loop("bias_gelu"), (out.reshape(rows, cols), bias), rows, cols
+                _epijit.loop(loop), (out.reshape(rows, cols), bias), rows, cols
             )
 
             def compiled() -> None:

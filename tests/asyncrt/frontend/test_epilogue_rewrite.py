@@ -354,3 +354,57 @@ def test_a_pre_ln_norm_with_computed_scale_keeps_its_nodes() -> None:
     ops = _ops(rewrite(model).model)
     assert "LayerNormalization" in ops and "AddLayerNormalization" not in ops
     _check(model, _feeds())
+
+
+def _gpt_mlp(cube: float = 0.044715) -> onnx.ModelProto:
+    """x (2, 5, 4) @ w (4, 6) + b, then GPT-2's tanh GELU as PyTorch exports
+    ``GELU(approximate="tanh")``: its scalars are ``Constant`` nodes."""
+
+    def constant(name: str, value: float) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=_scalar(name, value))
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["p"]),
+        helper.make_node("Add", ["b", "p"], ["y"]),
+        constant("three", 3.0),
+        helper.make_node("Pow", ["y", "three"], ["y3"]),
+        constant("c", cube),
+        helper.make_node("Mul", ["y3", "c"], ["cy3"]),
+        helper.make_node("Add", ["y", "cy3"], ["inner"]),
+        constant("root", math.sqrt(2 / math.pi)),
+        helper.make_node("Mul", ["inner", "root"], ["scaled"]),
+        constant("half", 0.5),
+        helper.make_node("Mul", ["y", "half"], ["hy"]),
+        helper.make_node("Tanh", ["scaled"], ["t"]),
+        constant("one", 1.0),
+        helper.make_node("Add", ["t", "one"], ["t1"]),
+        helper.make_node("Mul", ["hy", "t1"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 4])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 5, 6])],
+        [
+            numpy_helper.from_array(_f32(4, 6), "w"),
+            numpy_helper.from_array(_f32(6), "b"),
+        ],
+    )
+    return model_of(graph, 17)
+
+
+def test_the_tanh_gelu_of_gpt_fuses_with_constant_nodes_for_scalars() -> None:
+    model = _gpt_mlp()
+    done = rewrite(model)
+    fused = [n for n in done.model.graph.node if n.op_type != "Constant"]
+    assert [n.op_type for n in fused] == ["MatMulBias"]
+    assert helper.get_attribute_value(fused[0].attribute[0]) == b"gelu_tanh"
+    assert list(fused[0].output) == ["out"]
+    x = np.random.default_rng(3).standard_normal((2, 5, 4)).astype(np.float32) * 2
+    _check(model, {"x": x})
+
+
+def test_a_tanh_gelu_with_another_constant_keeps_its_nodes() -> None:
+    done = rewrite(_gpt_mlp(cube=0.05))
+    ops = [n.op_type for n in done.model.graph.node if n.op_type != "Constant"]
+    assert ops[0] == "MatMulBias" and "Tanh" in ops and "Pow" in ops

@@ -6,6 +6,7 @@ agree to float32 rounding."""
 from __future__ import annotations
 
 import importlib.util
+import math
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,28 @@ def test_matmul_bias_equals_matmul_then_add_then_gelu(
         np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
     else:
         np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("bound", [False, True])
+@pytest.mark.parametrize("compiled", ENGINES)
+def test_matmul_bias_with_the_tanh_gelu_equals_the_library_gelu(
+    compiled: bool, bound: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_jit, "enabled", compiled)
+    a, w, bias = _float(3, 4, 8) * 3, _float(8, 6), _float(6)
+    summed = np.matmul(a, w) + bias
+    expected = np.empty_like(summed)
+    _op("gelu", approximate="tanh")(summed, expected)
+    out = np.full_like(expected, np.nan)
+    _run(_op("matmul_bias", activation="gelu_tanh"), bound, a, w, bias, out)
+    # the compiled tanh is within 7 ulps of numpy's (docs/kernels.md)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    with np.errstate(over="ignore"):
+        x = summed.astype(np.float64)
+        formula = (
+            0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+        )
+    np.testing.assert_allclose(out, formula, rtol=1e-5, atol=1e-5)
 
 
 def test_matmul_bias_refuses_an_unknown_activation() -> None:
