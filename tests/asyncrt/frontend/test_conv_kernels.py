@@ -5,7 +5,6 @@ a batch split into chunks."""
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 
 import numpy as np
@@ -13,6 +12,8 @@ import pytest
 
 from asyncrt import Bindable
 from asyncrt.ops import _banded, _common, _im2col, _jit, _scratch, lookup
+
+from ..ops.conv_reference import conv_reference
 
 
 def _reference(
@@ -23,33 +24,8 @@ def _reference(
     pads: list[int],
     dilations: list[int],
 ) -> np.ndarray:
-    """Sum over every kernel offset, in float64."""
-    n, _, *spatial = x.shape
-    m, cg, *kernel = w.shape
-    rank = len(spatial)
-    width = [(0, 0), (0, 0), *zip(pads[:rank], pads[rank:], strict=True)]
-    xp = np.pad(x.astype(np.float64), width)
-    out_sp = [
-        s + pads[a] + pads[rank + a] - (kernel[a] - 1) * dilations[a]
-        for a, s in enumerate(spatial)
-    ]
-    out = np.zeros((n, m, *out_sp))
-    mg = m // group
-    for g in range(group):
-        xs = xp[:, g * cg : (g + 1) * cg]
-        ws = w[g * mg : (g + 1) * mg].astype(np.float64)
-        for pos in itertools.product(*(range(k) for k in kernel)):
-            sl = tuple(
-                slice(p * d, p * d + o)
-                for p, d, o in zip(pos, dilations, out_sp, strict=True)
-            )
-            patch = xs[(slice(None), slice(None), *sl)]
-            out[:, g * mg : (g + 1) * mg] += np.einsum(
-                "mc,nc...->nm...", ws[(slice(None), slice(None), *pos)], patch
-            )
-    if b is not None:
-        out += b.reshape(1, m, *(1,) * rank)
-    return out
+    """Stride 1: the float64 reference."""
+    return conv_reference(x, w, b, group, [1] * (x.ndim - 2), pads, dilations)
 
 
 CASES = [

@@ -5,7 +5,6 @@ of its layouts (NCHW planes and channels-last pixels)."""
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,8 @@ import pytest
 
 from asyncrt.ops import _depthwise, _jit, register_op_kernel
 from asyncrt.ops._kernels import global_namespace_func
+
+from .conv_reference import conv_reference
 
 pytest.importorskip("numba")
 
@@ -25,25 +26,8 @@ def _reference(
     pads: list[int],
     dilations: list[int],
 ) -> np.ndarray[Any, Any]:
-    n, c, h, width = x.shape
-    kh, kw = w.shape[2:]
-    padded = np.pad(
-        x.astype(np.float64), [(0, 0), (0, 0), *zip(pads[:2], pads[2:], strict=True)]
-    )
-    out_h = (h + pads[0] + pads[2] - (kh - 1) * dilations[0] - 1) // strides[0] + 1
-    out_w = (width + pads[1] + pads[3] - (kw - 1) * dilations[1] - 1) // strides[1] + 1
-    out = np.zeros((n, c, out_h, out_w))
-    for i, j in itertools.product(range(kh), range(kw)):
-        rows = slice(
-            i * dilations[0], i * dilations[0] + strides[0] * out_h, strides[0]
-        )
-        cols = slice(
-            j * dilations[1], j * dilations[1] + strides[1] * out_w, strides[1]
-        )
-        out += w[:, 0, i, j].reshape(1, c, 1, 1) * padded[:, :, rows, cols]
-    if b is not None:
-        out += b.reshape(1, c, 1, 1)
-    return out
+    """Depthwise: the float64 reference with a group per channel."""
+    return conv_reference(x, w, b, x.shape[1], strides, pads, dilations)
 
 
 CASES = [

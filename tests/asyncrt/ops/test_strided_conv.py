@@ -7,7 +7,6 @@ other kernels)."""
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
@@ -16,46 +15,7 @@ import pytest
 from asyncrt.ops import _common, _scratch, register_op_kernel
 from asyncrt.ops._kernels import global_namespace_func
 
-
-def _reference(
-    x: np.ndarray[Any, Any],
-    w: np.ndarray[Any, Any],
-    b: np.ndarray[Any, Any] | None,
-    group: int,
-    strides: list[int],
-    pads: list[int],
-    dilations: list[int],
-) -> np.ndarray[Any, Any]:
-    """Sum over every kernel offset and input channel, in float64."""
-    n, _, *spatial = x.shape
-    m, cg, *kernel = w.shape
-    rank = len(spatial)
-    width = [(0, 0), (0, 0), *zip(pads[:rank], pads[rank:], strict=True)]
-    padded = np.pad(x.astype(np.float64), width)
-    out_sp = [
-        (s + pads[a] + pads[rank + a] - (kernel[a] - 1) * dilations[a] - 1)
-        // strides[a]
-        + 1
-        for a, s in enumerate(spatial)
-    ]
-    out = np.zeros((n, m, *out_sp))
-    mg = m // group
-    for g in range(group):
-        xs = padded[:, g * cg : (g + 1) * cg]
-        ws = w[g * mg : (g + 1) * mg].astype(np.float64)
-        for pos in itertools.product(*(range(k) for k in kernel)):
-            picks = tuple(
-                slice(p * d, p * d + (o - 1) * s + 1, s)
-                for p, d, o, s in zip(pos, dilations, out_sp, strides, strict=True)
-            )
-            patch = xs[(slice(None), slice(None), *picks)]
-            out[:, g * mg : (g + 1) * mg] += np.einsum(
-                "mc,nc...->nm...", ws[(slice(None), slice(None), *pos)], patch
-            )
-    if b is not None:
-        out += b.reshape(1, m, *(1,) * rank)
-    return out
-
+from .conv_reference import conv_reference
 
 CASES = [
     # x shape, w shape, group, strides, pads, dilations, bias, relu
@@ -111,14 +71,14 @@ def _conv(
         attrs["activation"] = "relu"
     kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
     assert kernel is not None
-    want = _reference(x, w, b, group, strides, pads, dilations)
+    want = conv_reference(x, w, b, group, strides, pads, dilations)
     out = np.full(want.shape, np.nan, x.dtype)
     args = (x, w, *(() if b is None else (b,)), out)
     if bound:
         call = kernel.bind(*args)  # type: ignore[attr-defined]
         call()
         x[...] += 1  # a bound call sees its arrays' new values
-        want = _reference(x, w, b, group, strides, pads, dilations)
+        want = conv_reference(x, w, b, group, strides, pads, dilations)
         _dirty_scratch()  # as another kernel on this thread leaves it
         call()
     else:
@@ -135,7 +95,7 @@ def _conv(
 @pytest.mark.parametrize(
     ("xs", "ws", "group", "strides", "pads", "dilations", "bias", "relu"), CASES
 )
-def test_strided_conv_matches_the_reference(
+def test_strided_conv_matches_theconv_reference(
     monkeypatch: pytest.MonkeyPatch,
     xs: tuple[int, ...],
     ws: tuple[int, ...],
