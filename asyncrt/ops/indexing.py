@@ -8,8 +8,9 @@ kernel (``IndexError``), never reads or writes elsewhere. A scatter copies
 its data into the output first, then writes the updates there (``none``:
 assignment, where duplicate indices leave one of their updates, as ONNX
 leaves it undefined) or folds them in with the reduction's ufunc
-(``ufunc.at``: duplicates accumulate, in index order; on numpy over the
-flat output, where ``ufunc.at`` is fast).
+(``ufunc.at`` over the flat output, where it is fast: duplicates
+accumulate, in index order; in rounds of distinct targets where the
+namespace lacks it, as cupy lacks ``multiply.at``).
 
 ``nonzero``'s output shape depends on its input's values: the ONNX frontend
 runs it on inputs known at import time, where that shape is known too.
@@ -47,39 +48,72 @@ def _scatter(
 
         return assign
     ufunc = getattr(xp, REDUCTIONS[reduction])
+    # cupy has no ``multiply.at``: products are folded in rounds there.
+    fold = _fold_in_rounds if xp is not np and reduction == "mul" else _fold_at
 
     def reduce(out: Array, keys: tuple[Array, ...], updates: Array) -> None:
-        if xp is np and out.flags.c_contiguous:
-            _fold_flat(ufunc, out, keys, updates)
-        else:
-            ufunc.at(out, keys, updates)
+        flat = out.reshape(-1) if out.flags.c_contiguous else xp.ravel(out)
+        targets, values = _flat_targets(xp, out.shape, keys, updates)
+        fold(xp, ufunc, flat, targets, values)
+        if not out.flags.c_contiguous:  # ravel copied: write the result back
+            out[...] = flat.reshape(out.shape)
 
     return reduce
 
 
-def _fold_flat(
-    ufunc: np.ufunc, out: Array, keys: tuple[Array, ...], updates: Array
-) -> None:
-    """``ufunc.at(out, keys, updates)`` on the flat output, one index per
-    element: numpy's ``ufunc.at`` has a fast loop for one-dimensional
-    indices only, and folds a slice per index 5-20x slower (512 row
-    updates of 256 floats: 1.1 ms against 0.2). The updates are applied in
-    index order, as ONNX defines the reductions."""
-    lead = out.shape[: len(keys)]
-    keys = tuple(np.broadcast_arrays(*keys))
+def _flat_targets(
+    xp: ModuleType, shape: tuple[int, ...], keys: tuple[Array, ...], updates: Array
+) -> tuple[Array, Array]:
+    """Each update's flat index into an output of ``shape``, and the updates
+    flattened to match, one index per element: numpy's ``ufunc.at`` has a
+    fast loop for one-dimensional indices only, and folds a slice per index
+    5-20x slower (512 row updates of 256 floats: 1.1 ms against 0.2).
+    Indices out of range raise ``IndexError`` here, on every namespace."""
+    lead = shape[: len(keys)]
+    keys = tuple(xp.broadcast_arrays(*keys))
     for axis, (key, size) in enumerate(zip(keys, lead, strict=True)):
-        if key.size and (key.min() < -size or key.max() >= size):
-            bad = key[(key < -size) | (key >= size)].flat[0]
+        if key.size and (int(key.min()) < -size or int(key.max()) >= size):
+            bad = key[(key < -size) | (key >= size)].reshape(-1)[0]
             raise IndexError(
-                f"index {bad} is out of bounds for axis {axis} with size {size}"
+                f"index {int(bad)} is out of bounds for axis {axis} with size {size}"
             )
-    wrapped = tuple(np.where(k < 0, k + n, k) for k, n in zip(keys, lead, strict=True))
-    targets = np.ravel_multi_index(wrapped, lead).reshape(-1)
-    inner = math.prod(out.shape[len(keys) :])
+    wrapped = tuple(xp.where(k < 0, k + n, k) for k, n in zip(keys, lead, strict=True))
+    targets = xp.ravel_multi_index(wrapped, lead).reshape(-1)
+    inner = math.prod(shape[len(keys) :])
     if inner > 1:  # each target is a slice: its elements' flat indices
-        targets = (targets[:, None] * inner + np.arange(inner)).reshape(-1)
-    values = np.broadcast_to(updates, (*keys[0].shape, *out.shape[len(keys) :]))
-    ufunc.at(out.reshape(-1), targets, values.reshape(-1))
+        targets = (targets[:, None] * inner + xp.arange(inner)).reshape(-1)
+    values = xp.broadcast_to(updates, (*keys[0].shape, *shape[len(keys) :]))
+    return targets, values.reshape(-1)
+
+
+def _fold_at(
+    xp: ModuleType, ufunc: np.ufunc, flat: Array, targets: Array, values: Array
+) -> None:
+    """Fold ``values`` into ``flat[targets]`` with ``ufunc.at``: duplicates
+    accumulate, in index order, as ONNX defines the reductions."""
+    ufunc.at(flat, targets, values)
+
+
+def _fold_in_rounds(
+    xp: ModuleType, ufunc: np.ufunc, flat: Array, targets: Array, values: Array
+) -> None:
+    """``ufunc.at`` for a namespace without it: round ``r`` folds in each
+    target's ``r``-th update (in index order), and within a round targets
+    are distinct, so plain fancy indexing is exact. As many rounds as the
+    most repeated target has updates."""
+    if not targets.size:
+        return
+    order = xp.argsort(targets, kind="stable")
+    ordered = targets[order]
+    # Position of each update among those of its target: its index in the
+    # sorted run minus where the run starts.
+    run_rank = xp.arange(ordered.size) - xp.searchsorted(ordered, ordered)
+    rank = xp.empty_like(run_rank)
+    rank[order] = run_rank
+    for r in range(int(run_rank.max()) + 1):
+        chosen = rank == r
+        picked = targets[chosen]
+        flat[picked] = ufunc(flat[picked], values[chosen])
 
 
 @define("gather_nd")

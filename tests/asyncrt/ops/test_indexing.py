@@ -166,3 +166,21 @@ def test_a_scatter_index_out_of_range_is_refused(reduction: str) -> None:
         assert "index -4 is out of bounds for axis 0 with size 3" in str(
             failed.value.__cause__
         )
+
+
+@pytest.mark.parametrize("ufunc", [np.multiply, np.add, np.maximum])
+def test_folding_in_rounds_equals_ufunc_at(ufunc: np.ufunc) -> None:
+    """The fold cupy's ``mul`` scatters use (cupy has no ``multiply.at``),
+    run on numpy against ``ufunc.at``: heavy duplicates, in index order."""
+    from asyncrt.ops.indexing import _fold_in_rounds
+
+    rng = np.random.default_rng(3)
+    targets = rng.integers(0, 7, 200)
+    values = rng.uniform(0.5, 1.5, 200).astype(np.float32)
+    start = rng.standard_normal(10).astype(np.float32)
+    want, got = start.copy(), start.copy()
+    ufunc.at(want, targets, values)
+    _fold_in_rounds(np, ufunc, got, targets, values)
+    np.testing.assert_array_equal(got, want)
+    _fold_in_rounds(np, ufunc, got, targets[:0], values[:0])  # nothing to fold
+    np.testing.assert_array_equal(got, want)
