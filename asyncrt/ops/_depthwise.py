@@ -38,10 +38,9 @@ where it is large enough."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -252,14 +251,9 @@ def bind_depthwise(
     source, weights = x.transpose(0, 2, 3, 1), w[:, 0].transpose(1, 2, 0)
     planar = result.transpose(0, 3, 1, 2)
     geometry = (*strides, *begin, *dilations)
-    parts = [
-        functools.partial(kernel, pixels, taps, shift, result, first, last, *geometry)
-        for first, last in _shares(out, w, out_h)
-    ]
-    # compiled for these arrays' types now (weights and biases are read-only
-    # parameters), not in the first run
-    _jit.specialise(kernel, (pixels, taps, shift, result, 0, out_h, *geometry))
-    compute = _together(parts)
+    compute = _jit.bind_parts(
+        kernel, (pixels, taps, shift, result), _shares(out, w, out_h), trailing=geometry
+    )
     copyto, maximum = np.copyto, np.maximum
 
     def depthwise() -> None:
@@ -312,16 +306,13 @@ def _bind_planes(
     phases = np.zeros((len(shares), stride_h * phase_size), x.dtype)
     lines = np.empty((len(shares), out_h * pitch), x.dtype)
     geometry = (stride_h, stride_w, pad_h, pad_w, pitch, phase_rows)
-    parts = [
-        functools.partial(
-            kernel, x, taps, shift, out, plane, line, offsets, first, last, *geometry
-        )
-        for plane, line, (first, last) in zip(phases, lines, shares, strict=True)
-    ]
-    _jit.specialise(
-        kernel, (x, taps, shift, out, phases[0], lines[0], offsets, 0, 1, *geometry)
+    return _jit.bind_parts(
+        kernel,
+        (x, taps, shift, out, phases, lines, offsets),
+        shares,
+        per_part=frozenset({4, 5}),
+        trailing=geometry,
     )
-    return _together(parts)
 
 
 def _shares(out: Array, w: Array, extent: int) -> list[tuple[int, int]]:
@@ -331,10 +322,3 @@ def _shares(out: Array, w: Array, extent: int) -> list[tuple[int, int]]:
     threads = min(_threads.limits.threads, extent, work // MIN_WORK_PER_THREAD)
     share = -(-extent // max(threads, 1))
     return [(i, min(i + share, extent)) for i in range(0, extent, share)]
-
-
-def _together(parts: Sequence[Callable[[], None]]) -> Callable[[], None]:
-    """One call running ``parts`` on the kernel threads (the first here)."""
-    if len(parts) == 1:
-        return parts[0]
-    return functools.partial(_threads.run_parts, parts)

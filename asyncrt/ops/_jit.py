@@ -17,8 +17,14 @@ What the compiled kernels promise:
 * **numpy's error model**: a division by zero is inf or NaN, never an
   exception.
 * **No GIL**: a compiled call releases it, so kernels split their work
-  over :func:`asyncrt.runtime._threads.run_parts` (the fused kernels' pool,
-  sized by the host streams' share of the cores) and run truly in parallel.
+  into parts (:func:`bind_parts`) over
+  :func:`asyncrt.runtime._threads.run_parts` (the fused kernels' pool,
+  sized by the host streams' share of the cores) that run truly in
+  parallel. Not on numba's own pool (``parallel=True``): its OpenMP
+  threads spin after each loop, and with OpenBLAS's threads spinning too
+  (numpy's BLAS) MobileNetV3 took 96 ms instead of 2.8 on the 2-core VM
+  (3.2 ms with ``OMP_WAIT_POLICY=passive``, where a hand-off costs 65 us
+  against this pool's 53).
 * **Compiled once per machine**: ``cache=True`` keeps the machine code on
   disk (numba's cache: ``__pycache__`` beside the kernel's module, or
   ``NUMBA_CACHE_DIR``), so another process loads it instead of compiling.
@@ -43,7 +49,7 @@ import importlib.util
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +58,7 @@ from ..runtime import _threads
 
 __all__ = (
     "available",
+    "bind_parts",
     "bind_rows",
     "cache_dir",
     "compile_kernel",
@@ -116,21 +123,50 @@ def bind_rows(
 ) -> Callable[[], None]:
     """``kernel(*arrays, first, last)`` over rows ``0:rows`` as a call
     without arguments: compiled for these arrays now (see
-    :func:`specialise`), and split over the kernel threads
-    (:func:`asyncrt.runtime._threads.run_parts`) where each gets at least
-    ``min_elements`` elements of ``row_size`` per row (0: a row each).
-    A compiled call releases the GIL, so the parts run truly in parallel."""
-    specialise(kernel, (*arrays, 0, rows))
+    :func:`specialise`), and split over the kernel threads (see
+    :func:`bind_parts`) where each gets at least ``min_elements`` elements
+    of ``row_size`` per row (0: a row each)."""
     enough = rows * row_size // min_elements if min_elements else rows
     threads = min(_threads.limits.threads, rows, enough)
-    if threads <= 1:
-        return functools.partial(kernel, *arrays, 0, rows)
-    share = -(-rows // threads)
-    parts = [
-        functools.partial(kernel, *arrays, first, min(first + share, rows))
-        for first in range(0, rows, share)
-    ]
-    return functools.partial(_threads.run_parts, parts)
+    share = -(-rows // max(threads, 1))
+    shares = [(first, min(first + share, rows)) for first in range(0, rows, share)]
+    return bind_parts(kernel, arrays, shares or [(0, 0)])
+
+
+def bind_parts(
+    kernel: Callable[..., None],
+    arrays: tuple[Any, ...],
+    shares: Sequence[tuple[int, int]],
+    *,
+    per_part: frozenset[int] = frozenset(),
+    trailing: tuple[Any, ...] = (),
+) -> Callable[[], None]:
+    """``kernel(*arrays, first, last, *trailing)`` for every ``(first,
+    last)`` of ``shares``, at once, as a call without arguments, compiled
+    for these arguments now (a run should not pay the compiler).
+
+    :param kernel: a compiled kernel (:func:`compile_source` or
+        :func:`compile_kernel`).
+    :param per_part: positions in ``arrays`` of scratch arrays with one row
+        per share: part ``p`` gets row ``p``.
+    """
+
+    def args(part: int) -> tuple[Any, ...]:
+        return tuple(a[part] if i in per_part else a for i, a in enumerate(arrays))
+
+    if len(shares) == 1:
+        first, last = shares[0]
+        call = (*args(0), first, last, *trailing)
+        specialise(kernel, call)
+        return functools.partial(kernel, *call)
+    specialise(kernel, (*args(0), 0, 1, *trailing))
+    return functools.partial(
+        _threads.run_parts,
+        [
+            functools.partial(kernel, *args(p), first, last, *trailing)
+            for p, (first, last) in enumerate(shares)
+        ],
+    )
 
 
 #: Where generated kernel sources (and, beside them, numba's cache of their
