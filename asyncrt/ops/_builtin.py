@@ -135,23 +135,24 @@ def _keyword_out(ufunc: str) -> KernelFactory:
     return make
 
 
-@builtin(
+_RELU = FusionTemplate(
     "relu",
-    fusion=FusionTemplate(
-        "relu",
-        # x < 0 is false for NaN, so NaN propagates as through np.maximum(x, 0)
-        "where({0} < 0, 0, {0})",
-        "({0} < (T)0 ? (T)0 : {0})",
-        jit="relu_({0})",
-    ),
+    # x < 0 is false for NaN, so NaN propagates as through np.maximum(x, 0)
+    "where({0} < 0, 0, {0})",
+    "({0} < (T)0 ? (T)0 : {0})",
+    jit="relu_({0})",
 )
+
+
+@builtin("relu", fusion=_RELU)
 def _relu(xp: ModuleType) -> Callable[..., None]:
     maximum = xp.maximum
 
     def relu(a: Array, out: Array) -> None:
         maximum(a, 0, out=out)
 
-    return relu
+    # numpy's float32 maximum is 4x slower than one compiled pass
+    return _jitfuse.compiled_unary(_RELU, relu) if xp is np else relu
 
 
 @builtin(

@@ -11,6 +11,7 @@ import numpy as np
 
 from devices._dtype import is_extension
 
+from . import _jit
 from ._library import Attrs
 
 __all__ = (
@@ -26,6 +27,7 @@ __all__ = (
     "number",
     "opt_ints",
     "quiet",
+    "relu_in_place",
 )
 
 #: A numpy or cupy array.
@@ -78,7 +80,39 @@ def add_bias_relu(
     elif source is not out:
         xp.copyto(out, source)
     if relu:
+        relu_in_place(xp, out)
+
+
+#: Smaller arrays take numpy's ``maximum`` (a compiled call's own cost).
+COMPILED_RELU_MIN = 4096
+
+
+def relu_in_place(xp: ModuleType, out: Array) -> None:
+    """``out = max(out, 0)``, NaN kept as ``maximum`` keeps it:
+    one compiled pass where numba is installed (numpy's float32
+    ``maximum`` runs at a quarter of ``add``'s speed on the 2-core VM:
+    226k floats 84 us against 21; the compiled loop 10)."""
+    if (
+        xp is np
+        and out.size >= COMPILED_RELU_MIN
+        and out.dtype in _RELU_DTYPES
+        and out.flags.c_contiguous
+        and _jit.available()
+    ):
+        _jit.compile_kernel(_relu_flat)(out.reshape(-1))
+    else:
         xp.maximum(out, 0, out=out)
+
+
+_RELU_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _relu_flat(a: Any) -> None:  # pragma: no cover - compiled by numba
+    # Unsigned index: numba wraps negative signed ones, which stops LLVM
+    # vectorising. ``v < 0`` is false for NaN: it is kept.
+    for i in range(np.uint64(a.size)):
+        v = a[i]
+        a[i] = 0 if v < 0 else v
 
 
 def ints(attrs: Attrs, key: str) -> tuple[int, ...]:

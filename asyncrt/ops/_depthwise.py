@@ -48,7 +48,7 @@ import numpy as np
 
 from ..runtime import _threads
 from . import _jit
-from ._common import Array
+from ._common import Array, relu_in_place
 
 __all__ = (
     "MIN_CHANNELS",
@@ -254,7 +254,7 @@ def bind_depthwise(
     compute = _jit.bind_parts(
         kernel, (pixels, taps, shift, result), _shares(out, w, out_h), trailing=geometry
     )
-    copyto, maximum = np.copyto, np.maximum
+    copyto = np.copyto
 
     def depthwise() -> None:
         copyto(taps, weights)  # parameters may be reloaded
@@ -262,7 +262,7 @@ def bind_depthwise(
         compute()
         copyto(out, planar)
         if relu:
-            maximum(out, 0, out=out)
+            relu_in_place(np, out)
 
     return depthwise
 

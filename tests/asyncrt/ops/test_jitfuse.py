@@ -243,3 +243,20 @@ def test_asyncrt_jit_0_keeps_numba_out_of_the_process(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == imported
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_relu_in_place_keeps_what_maximum_keeps(dtype: Any) -> None:
+    """The convolutions' ReLU (one compiled pass) against ``np.maximum``:
+    NaN stays NaN, -inf becomes 0, +inf stays (zeros compare equal
+    whatever their sign, as ``maximum``'s own SIMD and scalar loops
+    differ there)."""
+    from asyncrt.ops._common import COMPILED_RELU_MIN, relu_in_place
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(COMPILED_RELU_MIN * 2).astype(dtype)
+    x[:4] = [np.nan, -0.0, -np.inf, np.inf]
+    got, want = x.copy(), np.maximum(x, 0)
+    relu_in_place(np, got)
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got[0]) and got[2] == 0 and got[3] == np.inf
