@@ -30,6 +30,7 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
+from ..runtime import _threads
 from . import _jitfuse
 from ._kernels import Bindable, FlopsFunction
 from ._library import FusionTemplate, builtin
@@ -268,15 +269,39 @@ def softmax_last_axis(a: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> Non
     bind_softmax_last_axis(a, out)()
 
 
+#: Softmax rows are split over the kernel threads from this many elements
+#: (about 300 us of work on one core): a hand-off costs about 50 us. On a
+#: 16-core machine, the MiniLM-size encoder at batch 16 spent 35 % of its
+#: time in one thread's softmax.
+SOFTMAX_SPLIT_ELEMENTS = 1 << 18
+
+
 def bind_softmax_last_axis(
     a: np.ndarray[Any, Any], out: np.ndarray[Any, Any]
 ) -> Callable[[], None]:
     """:func:`softmax_last_axis` bound to these arrays: the row views and
-    the row sums' buffer made once."""
+    the row sums' buffer made once, the rows in blocks over the kernel
+    threads where there are enough of them."""
     width = a.shape[-1]
     flat, rows = a.reshape(-1, width), out.reshape(-1, width)
-    totals = np.empty(flat.shape[0], dtype=a.dtype)
-    column, ones = totals.reshape(-1, 1), ones_vector(width, a.dtype.str)
+    count = flat.shape[0]
+    threads = min(_threads.limits.threads, count, a.size // SOFTMAX_SPLIT_ELEMENTS)
+    if threads <= 1:
+        return _bind_softmax_rows(flat, rows)
+    share = -(-count // threads)
+    parts = [
+        _bind_softmax_rows(flat[i : i + share], rows[i : i + share])
+        for i in range(0, count, share)
+    ]
+    return functools.partial(_threads.run_parts, parts)
+
+
+def _bind_softmax_rows(
+    flat: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
+) -> Callable[[], None]:
+    """Softmax of the rows ``flat`` into ``rows`` (both 2-D) as a call."""
+    totals = np.empty(flat.shape[0], dtype=flat.dtype)
+    column, ones = totals.reshape(-1, 1), ones_vector(flat.shape[1], flat.dtype.str)
     minimum, maximum, fmax = np.minimum.reduce, np.maximum.reduce, np.fmax.reduce
     exp, subtract, matmul = np.exp, np.subtract, np.matmul
     reciprocal, multiply = np.reciprocal, np.multiply

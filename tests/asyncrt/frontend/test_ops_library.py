@@ -207,11 +207,18 @@ def test_last_axis_softmax_matches_the_definition() -> None:
         (10.0, np.inf),
     ],
 )
+@pytest.mark.parametrize("threads", [1, 3])
 def test_softmax_with_and_without_the_row_shift(
-    scale: float, extra: float | None
+    scale: float, extra: float | None, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncrt.ops import lookup
+    """Whole, and with its rows in blocks over three kernel threads (each
+    block decides on its own whether to shift)."""
+    from asyncrt.ops import _builtin, lookup
     from asyncrt.ops._builtin import NO_SHIFT_BOUND
+    from asyncrt.runtime import _threads
+
+    monkeypatch.setattr(_threads.limits, "threads", threads)
+    monkeypatch.setattr(_builtin, "SOFTMAX_SPLIT_ELEMENTS", 1)
 
     rng = np.random.default_rng(6)
     a = (rng.standard_normal((4, 5, 19)) * scale).astype(np.float32)
