@@ -8,15 +8,16 @@ kernel tap. Compiled loops (:mod:`asyncrt.ops._jit`) do it in one of two
 layouts, chosen by the output's width:
 
 * **NCHW planes** (outputs at least :data:`PLANAR_MIN_WIDTH` wide): each
-  input plane is copied into a flat zero-padded plane, and each tap adds
-  its weight times a shifted run of that plane to a run of outputs at the
-  padded pitch, summed at stride 1 along the columns (a stride-2 output
-  keeps every second column): one long contiguous loop per tap, which LLVM
-  vectorises (it does not vectorise stride-2 loads, and rows of 28-56
-  columns are short loops). No layout copies. Measured (AMD EPYC VM, one
-  thread, against channels-last): 16 channels of 112 x 112, 3 x 3 stride
-  2: 248 -> 127 us; 72 of 56 x 56 stride 2: 218 -> 173 us; 88 of 28 x 28,
-  stride 1: 163 -> 122 us.
+  input plane's rows are copied, by row phase (one phase per row stride),
+  into a flat zero-padded buffer, and one generated loop per tap count
+  (:func:`_planes_source`) sums every tap of an output in registers, the
+  taps unrolled, each reading a contiguous run of its phase; columns are
+  summed at stride 1 (a stride-2 output keeps every second one). One long
+  contiguous loop per plane, which LLVM vectorises. No layout copies.
+  Measured (AMD EPYC VM, one thread): 16 channels of 112 x 112, 3 x 3
+  stride 2: 127 us with a loop per tap (248 channels-last), 61 now; 72 of
+  56 x 56 stride 2: 173 -> 70 us; 88 of 28 x 28, stride 1: 122 -> 36 us;
+  96 of 28 x 28, 5 x 5 stride 2: 184 -> 54 us.
 * **Channels-last pixels** (narrower outputs, where rows are too short):
   the input goes channels-last first (one numpy copy, ``(N, H, W, C)``),
   and a loop computes each output pixel's channel vector: the bias, then
@@ -26,15 +27,16 @@ layouts, chosen by the output's width:
   the result back to NCHW. Measured (one thread, against im2col): 240
   channels of 14 x 14, 5 x 5: 440 -> 144 us; 576 of 7 x 7: 350 -> 67 us.
 
-The activation (ReLU) is applied afterwards in place. Both layouts sum in
+ReLU is applied as the planes are copied out, or afterwards in place on
+the pixels. Both layouts sum in
 the same order (the bias first, then the taps in row-major order; BLAS
 sums in an order of its own), so results equal the im2col kernel's within
 a few float32 ulps of each output's magnitude. NaN and infinities
 propagate as IEEE arithmetic has them (pads are zeros added, or taps
 skipped; no structural zeros multiply input cells, as the banded matmul's
 do). Work is split over the kernel threads
-(:func:`asyncrt.runtime._threads.run_parts`), by output rows or channels,
-where it is large enough."""
+(:func:`asyncrt.ops._jit.bind_parts`), by output rows or channels, where
+it is large enough."""
 
 from __future__ import annotations
 
