@@ -16,12 +16,15 @@ asyncrt variants (each ``ex.run_sync(**feed)``: inputs in, outputs out, as
 ``sess.run`` does):
 
 * ``asyncrt-unfused-s1``: no fusion, one stream (the reference);
+* ``asyncrt-default-s1``: the default options (``fuse="auto"``: the
+  chains that compile into one loop with the same results), one stream;
 * ``asyncrt-fused-s1``: ``fuse=True``, one cpu stream: kernel pools get
   every core (``kernel_threads="auto"``);
 * ``asyncrt-fused-s2``: ``fuse=True``, two cpu streams: one thread each;
 * ``asyncrt-onnx-unfused-s1``: the workload's own ONNX model through
   ``asyncrt.frontend.from_onnx`` (the user's path: the library's kernels for
-  every op, ``Reshape`` an alias), no fusion, one stream.
+  every op, ``Reshape`` an alias), no fusion, one stream;
+* ``asyncrt-onnx-default-s1``: the same with the default options.
 
 The other variants convert the workloads as ``bench_executor.to_asyncrt``
 does (built-in kernels for Add/Mul/MatMul/Tanh/...; ``Softmax`` over the
@@ -62,16 +65,19 @@ DEFAULT_PEERS = (
 )
 VARIANTS = (
     "asyncrt-unfused-s1",
+    "asyncrt-default-s1",
     "asyncrt-fused-s1",
     "asyncrt-fused-s2",
     "asyncrt-onnx-unfused-s1",
+    "asyncrt-onnx-default-s1",
 )
 RESULTS = HERE / "results"
 
 
-def _variant(name: str) -> tuple[bool, int]:
+def _variant(name: str) -> tuple[bool | str, int]:
     """(fuse, streams) of a variant name."""
-    return "-fused-" in name, int(name.rsplit("-s", 1)[1])
+    fuse = True if "-fused-" in name else "auto" if "-default-" in name else False
+    return fuse, int(name.rsplit("-s", 1)[1])
 
 
 def child(wl_name: str, variant: str, a: argparse.Namespace) -> None:

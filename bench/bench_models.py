@@ -17,7 +17,7 @@ Runners:
   default intra-op threads (as ``../shared/bench/peers.py`` runs it);
 * ``asyncrt``: ``from_onnx`` then ``graph_executor.create(..., "cpu")`` and
   ``run_sync(x=...)`` (inputs in, outputs out as new arrays the caller
-  owns, as ``sess.run``);
+  owns, as ``sess.run``): the default options (``fuse="auto"``);
 * ``asyncrt-fused``: the same with ``fuse=True``;
 * ``asyncrt-t1`` / ``asyncrt-fused-t1``: the same with
   ``kernel_threads=1`` (one BLAS thread, as ``ort-seq-t1``: on a host whose
@@ -183,7 +183,7 @@ def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
             None,
             "cuda" if on_gpu else "cpu",
             params=params,
-            fuse="-fused" in runner,
+            fuse=True if "-fused" in runner else "auto",
             **({"kernel_threads": 1} if runner.endswith("-t1") else {}),
         )
 

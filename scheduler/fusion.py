@@ -131,6 +131,7 @@ def fuse_elementwise(
     func_name: Callable[[int], str] = lambda nid: f"__fused_{nid}",
     label: Callable[[NodeSpec], str] = lambda spec: spec.func_name,
     max_inputs: int = 32,
+    accept: Callable[[FusedNode], bool] = lambda recipe: True,
 ) -> Fusion:
     """Fuse maximal groups of elementwise nodes (see the module docstring).
 
@@ -140,6 +141,8 @@ def fuse_elementwise(
     :param func_name: the kernel name of the fused node with this id.
     :param label: a node's short name in the fused node's name.
     :param max_inputs: the most distinct outside tensors one group may read.
+    :param accept: whether a group is worth fusing (one its kernels cannot
+        speed up stays as its nodes).
     :return: the fused graph and the recipes of its fused nodes.
     :raises ValueError: if ``max_inputs`` < 1.
     """
@@ -164,6 +167,8 @@ def fuse_elementwise(
     recipes: dict[int, FusedNode] = {}
     for group in groups:
         recipe = _recipe(dag, group, func_name, label)
+        if not accept(recipe):
+            continue
         _contract(fused, recipe)
         recipes[recipe.nid] = recipe
     return Fusion(fused, MappingProxyType(recipes))

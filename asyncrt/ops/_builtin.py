@@ -71,7 +71,10 @@ def _infix(label: str, operator: str) -> FusionTemplate:
 
 
 def _function(
-    name: str, cuda_c: str | None = None, jit: str | None = None
+    name: str,
+    cuda_c: str | None = None,
+    jit: str | None = None,
+    jit_exact_from: int | None = 0,
 ) -> FusionTemplate:
     """A function of one argument, ``name(x)`` (``cuda_c(x)`` in CUDA C,
     ``jit(x)`` compiled, if given)."""
@@ -80,6 +83,7 @@ def _function(
         f"{name}({{0}})",
         f"{cuda_c or name}({{0}})",
         jit=None if jit is None else f"{jit}({{0}})",
+        jit_exact_from=jit_exact_from,
     )
 
 
@@ -113,7 +117,8 @@ for _name, _func, _flops, _fusion in (
     ("exp", "exp", _TRANSCENDENTAL, _function("exp")),
     ("log", "log", _TRANSCENDENTAL, _function("log")),
     ("sqrt", "sqrt", None, _function("sqrt", jit="np.sqrt")),
-    ("tanh", "tanh", _TRANSCENDENTAL, _function("tanh", jit="tanh_")),
+    # a rational approximation compiled: within 7 ulps, not bit for bit
+    ("tanh", "tanh", _TRANSCENDENTAL, _function("tanh", "tanh", "tanh_", None)),
     ("abs", "absolute", None, _function("abs", cuda_c="fabs", jit="abs")),
     # bias broadcast over the last axis
     ("bias_add", "add", None, _infix("bias_add", "+")),
@@ -485,7 +490,7 @@ SCIPY_SMALL_FLOAT32 = 1024
 
 # Compiled, erf is bind_erf_float32's arithmetic (float32 only): the
 # library's own erf of arrays over SCIPY_SMALL_FLOAT32 elements, bit for bit.
-_ERF = FusionTemplate("erf", jit="erf_({0})")
+_ERF = FusionTemplate("erf", jit="erf_({0})", jit_exact_from=SCIPY_SMALL_FLOAT32 + 1)
 
 
 @builtin("erf", flops=_TRANSCENDENTAL, fusion=_ERF)

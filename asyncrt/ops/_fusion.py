@@ -132,6 +132,8 @@ def fuse_graph(
     lib: Module | None,
     devices: Sequence[Device],
     engine: Engine = "numpy",
+    *,
+    compiled_only: bool = False,
 ) -> tuple[nx.DiGraph, Module | None]:
     """Fuse ``dag``'s elementwise chains and build their kernels.
 
@@ -139,6 +141,9 @@ def fuse_graph(
     :param lib: the executor's kernels (looked up before the registry).
     :param devices: the devices the graph will be planned onto.
     :param engine: the numpy engine (see the module docstring).
+    :param compiled_only: fuse only the chains that become one compiled
+        loop on every namespace and compute the unfused results bit for bit
+        (:func:`compiles`); the rest stay unfused.
     :return: the fused graph and a module holding ``lib``'s kernels and the
         fused ones (``dag`` and ``lib`` unchanged if nothing fused).
     :raises ValueError: for an unknown engine.
@@ -148,10 +153,17 @@ def fuse_graph(
     namespaces = _namespaces(devices)
     if namespaces is None:
         return dag, lib
+
+    def accept(recipe: FusedNode) -> bool:
+        return not compiled_only or all(
+            compiles(recipe, ns, exact=True) for ns in namespaces
+        )
+
     fusion = fuse_elementwise(
         dag,
         elementwise_predicate(lib, devices),
         label=lambda spec: _template(spec).label,
+        accept=accept,
     )
     if not fusion.groups:
         return dag, lib
@@ -215,17 +227,38 @@ def build_kernel(recipe: FusedNode, namespace: str, engine: Engine = "numpy") ->
                 f"no {namespace} kernel {spec.func_name!r} for {spec.name!r}"
             )
         members.append(kernel)
-    dtype = recipe.spec.outputs[0].dtype
     if namespace == "cupy":
-        if dtype in TEMPLATE_DTYPES and _expressible(recipe, "cuda_c"):
+        if compiles(recipe, namespace):
             return CupyFusedKernel(recipe)
         return ProgramKernel(recipe, members, "cupy", block=None)
     if engine == "numexpr" and _numexpr_expression(recipe) is not None:
         return NumexprKernel(recipe)
     program = ProgramKernel(recipe, members, "numpy", block=BLOCK_ELEMENTS)
-    if engine == "numpy" and _jitfuse.compilable(recipe):
+    if engine == "numpy" and compiles(recipe, namespace):
         return _jitfuse.JitFusedKernel(recipe, program)
     return program
+
+
+def compiles(recipe: FusedNode, namespace: str, *, exact: bool = False) -> bool:
+    """Whether the fused node becomes one compiled loop on ``namespace``: a
+    ``cupy.ElementwiseKernel`` (the CUDA math functions cupy's own kernels
+    call), or with numba installed a numba loop
+    (:func:`asyncrt.ops._jitfuse.compilable`).
+
+    :param exact: and, on numpy, whether that loop computes the members'
+        kernels bit for bit at this size (see
+        :attr:`~asyncrt.ops.FusionTemplate.jit_exact_from`)."""
+    if namespace == "cupy":
+        dtype = recipe.spec.outputs[0].dtype
+        return dtype in TEMPLATE_DTYPES and _expressible(recipe, "cuda_c")
+    if not _jitfuse.compilable(recipe):
+        return False
+    size = math.prod(recipe.spec.outputs[0].shape)
+    for spec in recipe.members if exact else ():
+        start = _template(spec).jit_exact_from
+        if start is None or size < start:
+            return False
+    return True
 
 
 def _expressible(recipe: FusedNode, engine: Literal["numexpr", "cuda_c"]) -> bool:

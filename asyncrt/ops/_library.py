@@ -105,6 +105,10 @@ class FusionTemplate:
         (:mod:`asyncrt.ops._jitfuse`; the helpers of
         :mod:`asyncrt.ops._jitmath` in scope), computing what the op's
         kernel computes in the same order, or ``None``.
+    :ivar jit_exact_from: the smallest output (elements) from which ``jit``
+        computes the op's kernel bit for bit (erf: where the kernel stops
+        using scipy's), or ``None`` where it never does (tanh's rational
+        approximation): what the default fusion (``fuse="auto"``) fuses.
 
     With no template, the op still fuses: the ``"numpy"`` engine runs
     its own kernel block by block.
@@ -115,6 +119,7 @@ class FusionTemplate:
     cuda_c: str | None = None
     variadic: str | None = None
     jit: str | None = None
+    jit_exact_from: int | None = 0
 
     def expression(
         self, engine: Literal["numexpr", "cuda_c", "jit"], args: Sequence[str]

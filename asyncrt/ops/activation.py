@@ -133,8 +133,11 @@ def _shrink(xp: ModuleType, attrs: Attrs) -> Kernel:
 
 
 def _gelu_fusion(attrs: Attrs) -> FusionTemplate:
-    tanh = choice(attrs, "approximate", ("none", "tanh")) == "tanh"
-    return FusionTemplate("gelu", jit="gelu_tanh_({0})" if tanh else "gelu_erf_({0})")
+    if choice(attrs, "approximate", ("none", "tanh")) == "tanh":
+        return FusionTemplate("gelu", jit="gelu_tanh_({0})", jit_exact_from=None)
+    return FusionTemplate(
+        "gelu", jit="gelu_erf_({0})", jit_exact_from=SCIPY_SMALL_FLOAT32 + 1
+    )
 
 
 @define("gelu", fusion=_gelu_fusion)

@@ -28,7 +28,7 @@ __all__ = ("KERNEL_THREAD_MODES", "ExecutorOptions", "OptionOverrides")
 #: The named ``kernel_threads`` policies (:mod:`asyncrt.runtime._threads`).
 KERNEL_THREAD_MODES = ("auto", "throughput", "keep")
 #: The fusion engines (:mod:`asyncrt.ops._fusion`).
-FUSE_ENGINES = ("numpy", "numexpr")
+FUSE_ENGINES = ("auto", "numpy", "numexpr")
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,11 @@ class ExecutorOptions:
         :data:`scheduler.placement.POLICY_NAMES` or a callable
         (:data:`scheduler.placement.Policy`).
     :ivar max_streams: compute streams per device (>= 1).
-    :ivar fuse: fuse elementwise chains: ``False``, ``True`` (the ``"numpy"``
-        engine) or an engine name, ``"numpy"`` or ``"numexpr"``.
+    :ivar fuse: fuse elementwise chains: ``"auto"`` (the default: only the
+        chains that compile into one loop, with numba on the host or as a
+        cupy kernel; nothing without numba on the host), ``False``,
+        ``True`` (every chain, the ``"numpy"`` engine) or an engine name,
+        ``"numpy"`` or ``"numexpr"``.
     :ivar split: with two or more streams, let the planner cut a large
         elementwise join into row blocks, one per cpu stream.
     :ivar split_min_bytes: the smallest output (bytes) worth splitting.
@@ -67,7 +70,7 @@ class ExecutorOptions:
     memory_budget: int | None = None
     policy: str | Policy = "auto"
     max_streams: int = 1
-    fuse: bool | Literal["numpy", "numexpr"] = False
+    fuse: bool | Literal["auto", "numpy", "numexpr"] = "auto"
     split: bool = True
     split_min_bytes: int = MIN_BYTES
     kernel_threads: int | str = "auto"
@@ -153,7 +156,7 @@ class ExecutorOptions:
         """The fusion engine, or ``None`` when chains are not fused."""
         if self.fuse is False:
             return None
-        return "numpy" if self.fuse is True else self.fuse
+        return "numexpr" if self.fuse == "numexpr" else "numpy"
 
     def replace(self, **overrides: Any) -> ExecutorOptions:
         """These options with some changed (validated as at creation).
@@ -194,7 +197,7 @@ class OptionOverrides(TypedDict, total=False):
     memory_budget: int | None
     policy: str | Policy
     max_streams: int
-    fuse: bool | Literal["numpy", "numexpr"]
+    fuse: bool | Literal["auto", "numpy", "numexpr"]
     split: bool
     split_min_bytes: int
     kernel_threads: int | str

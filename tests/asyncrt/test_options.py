@@ -48,7 +48,7 @@ def test_the_overrides_are_the_options_fields() -> None:
         ({"policy": "bogus"}, "policy must be one of auto, fastest, heft"),
         ({"policy": 3}, "policy must be one of .* or a callable, got int"),
         ({"max_streams": 0}, "max_streams must be an int >= 1"),
-        ({"fuse": "numba"}, "fuse must be True, False or one of numpy, numexpr"),
+        ({"fuse": "numba"}, "fuse must be True, False or one of auto, numpy, numexpr"),
         ({"split": 1}, "split must be True or False"),
         ({"processes": "yes"}, "processes must be True or False"),
         ({"worker_nice": 20}, "worker_nice must be in 0..19"),

@@ -521,6 +521,8 @@ def check_case(
         policy=policy,
         max_streams=placing.max_streams,
         params=params if declared else None,
+        # every drawn node scheduled as drawn, bit for bit: no fused chains
+        fuse=False,
         **(
             {}
             if placing.split_min_bytes is None
