@@ -404,3 +404,42 @@ def test_throughput_policy_counts_concurrent_runs() -> None:
     finally:
         lease.release()
     assert _threads.lease_for(0, "throughput", concurrent_runs=4) is None
+
+
+def _exact_chain(n: int) -> Graph:
+    """x * c -> relu -> + x -> abs: every member compiles bit for bit."""
+    b = GraphBuilder()
+    x = b.input("x", shape=(n,), dtype="float32")
+    c = b.param("c", shape=(1,), dtype="float32")
+    h = b.op("multiply", x, c, shape=(n,), dtype="float32", name="m")
+    h = b.op("relu", h, shape=(n,), dtype="float32", name="r")
+    h = b.op("add", h, x, shape=(n,), dtype="float32", name="a")
+    b.output(b.op("abs", h, shape=(n,), dtype="float32", name="s"))
+    return b.build()
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_the_default_fuses_only_chains_compiled_bit_for_bit(
+    jit: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fuse="auto"`` (the default): an exact chain becomes one compiled
+    node with the unfused results bit for bit; a chain with tanh (a rational
+    approximation when compiled) stays as built; without numba nothing is
+    fused."""
+    if jit:
+        pytest.importorskip("numba")
+    monkeypatch.setattr(_jit, "enabled", jit)
+    x = np.linspace(-2, 2, 1000, dtype=np.float32)
+    with (
+        graph_executor.create(_exact_chain(1000), params=CHAIN_PARAMS) as auto,
+        graph_executor.create(
+            _exact_chain(1000), params=CHAIN_PARAMS, fuse=False
+        ) as plain,
+    ):
+        names = [launch.name for launch in auto.plan.launches()]
+        assert names == (["fused_mul_relu_add_abs"] if jit else ["m", "r", "a", "s"])
+        (got,) = auto.run_sync(x=x)
+        (want,) = plain.run_sync(x=x)
+        assert got.numpy().tobytes() == want.numpy().tobytes()
+    with graph_executor.create(chain_graph(), params=CHAIN_PARAMS) as ex:
+        assert [launch.name for launch in ex.plan.launches()] == ["m", "t", "e", "s"]
