@@ -69,7 +69,13 @@ def _debug_executor(
 
 def _planning(args: argparse.Namespace) -> dict[str, Any]:
     """The planning options every command takes from its arguments."""
-    return {"policy": args.policy, "max_streams": args.streams, "split": args.split}
+    fuse = {"auto": "auto", "on": True, "off": False}[args.fuse]
+    return {
+        "policy": args.policy,
+        "max_streams": args.streams,
+        "split": args.split,
+        "fuse": fuse,
+    }
 
 
 _Executor = TypeVar("_Executor", bound=GraphModule)

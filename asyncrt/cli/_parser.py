@@ -87,6 +87,13 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
         "large elementwise join runs in row blocks, one per cpu stream)",
     )
     parser.add_argument(
+        "--fuse",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="fuse chains of elementwise ops: where it pays and results stay "
+        "bit for bit (auto), every chain (on) or none (off)",
+    )
+    parser.add_argument(
         "--input",
         action="append",
         default=[],

@@ -76,9 +76,11 @@ from ._kernels import (
 from ._library import FusionTemplate, node_fusion_template
 
 __all__ = (
+    "AUTO_BLOCK_MIN_ELEMENTS",
     "FUSING_NAMESPACES",
     "Engine",
     "build_kernel",
+    "compiles",
     "elementwise_predicate",
     "fuse_graph",
 )
@@ -94,6 +96,12 @@ FUSING_NAMESPACES = frozenset({"numpy", "cupy"})
 #: blocks measured slower on the dev machine: cheap ops (add, relu) stream
 #: memory fast enough that per-call overhead dominates.
 BLOCK_ELEMENTS = 1 << 16
+#: The default fusion (``fuse="auto"``) runs a chain that does not compile
+#: on the block engine from this many elements: four-op chains (mul, tanh,
+#: exp, sqrt) took 0.91x their unfused time at 256Ki elements and 0.72x at
+#: 1Mi, but 1.06x at 64Ki and 1.14x at 16Ki (per-block calls cost more than
+#: the cache saves) on the 2-core VM.
+AUTO_BLOCK_MIN_ELEMENTS = 1 << 18
 #: Work (the node's ``flops`` estimate, roughly a nanosecond each with
 #: numpy) one thread gets at least before a kernel splits its blocks over
 #: threads: handing blocks to a pool costs tens of microseconds.
@@ -133,7 +141,7 @@ def fuse_graph(
     devices: Sequence[Device],
     engine: Engine = "numpy",
     *,
-    compiled_only: bool = False,
+    exact: bool = False,
 ) -> tuple[nx.DiGraph, Module | None]:
     """Fuse ``dag``'s elementwise chains and build their kernels.
 
@@ -141,9 +149,12 @@ def fuse_graph(
     :param lib: the executor's kernels (looked up before the registry).
     :param devices: the devices the graph will be planned onto.
     :param engine: the numpy engine (see the module docstring).
-    :param compiled_only: fuse only the chains that become one compiled
-        loop on every namespace and compute the unfused results bit for bit
-        (:func:`compiles`); the rest stay unfused.
+    :param exact: the default fusion (``fuse="auto"``): fuse only where
+        it pays and the results stay the unfused ones bit for bit: chains
+        that compile into one loop computing them bit for bit
+        (:func:`compiles`), and chains of at least
+        :data:`AUTO_BLOCK_MIN_ELEMENTS` for the block engine (the members'
+        own kernels); the rest stay as built.
     :return: the fused graph and a module holding ``lib``'s kernels and the
         fused ones (``dag`` and ``lib`` unchanged if nothing fused).
     :raises ValueError: for an unknown engine.
@@ -155,7 +166,10 @@ def fuse_graph(
         return dag, lib
 
     def accept(recipe: FusedNode) -> bool:
-        return not compiled_only or all(
+        if not exact:
+            return True
+        size = math.prod(recipe.spec.outputs[0].shape)
+        return size >= AUTO_BLOCK_MIN_ELEMENTS or all(
             compiles(recipe, ns, exact=True) for ns in namespaces
         )
 
@@ -170,7 +184,7 @@ def fuse_graph(
     module = Module() if lib is None else lib.copy()
     for recipe in fusion.groups.values():
         for namespace in sorted(namespaces):
-            kernel = build_kernel(recipe, namespace, engine)
+            kernel = build_kernel(recipe, namespace, engine, exact=exact)
             module.add(recipe.spec.func_name, kernel, namespaces=(namespace,))
     return fusion.dag, module
 
@@ -207,12 +221,16 @@ def elementwise_predicate(
     return elementwise
 
 
-def build_kernel(recipe: FusedNode, namespace: str, engine: Engine = "numpy") -> Kernel:
+def build_kernel(
+    recipe: FusedNode, namespace: str, engine: Engine = "numpy", *, exact: bool = False
+) -> Kernel:
     """The kernel of a fused node for one array namespace.
 
     :param recipe: the fused node (:func:`scheduler.fusion.fuse_elementwise`).
     :param namespace: ``"numpy"`` or ``"cupy"``.
     :param engine: the numpy engine.
+    :param exact: compile only loops that compute the members' kernels bit
+        for bit (see :func:`compiles`); the block engine otherwise.
     :return: ``kernel(*inputs, out)``.
     :raises ValueError: if ``namespace`` cannot fuse or a member has no
         kernel.
@@ -234,7 +252,7 @@ def build_kernel(recipe: FusedNode, namespace: str, engine: Engine = "numpy") ->
     if engine == "numexpr" and _numexpr_expression(recipe) is not None:
         return NumexprKernel(recipe)
     program = ProgramKernel(recipe, members, "numpy", block=BLOCK_ELEMENTS)
-    if engine == "numpy" and compiles(recipe, namespace):
+    if engine == "numpy" and compiles(recipe, namespace, exact=exact):
         return _jitfuse.JitFusedKernel(recipe, program)
     return program
 

@@ -206,9 +206,7 @@ def compile_graph(
     annotate_work(dag, lib)
     engine = options.fuse_engine
     if engine is not None:
-        dag, lib = fuse_graph(
-            dag, lib, devices, engine, compiled_only=options.fuse == "auto"
-        )
+        dag, lib = fuse_graph(dag, lib, devices, engine, exact=options.fuse == "auto")
     _check_runnable(dag, devices, lib)
 
     def supported(nid: int, device: Device) -> bool:

@@ -130,8 +130,9 @@ def test_plan_text_json_and_dot(
 def test_plan_shows_split_parts_unless_no_split(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """With two streams, a join of four 4 MiB branches runs in two parts,
-    each named with its rows in ``--json``; ``--no-split`` keeps it whole."""
+    """With two streams and fusion off, a join of four 4 MiB branches runs in
+    two parts, each named with its rows in ``--json``; ``--no-split`` keeps
+    it whole (by default the whole chain fuses into one node)."""
     n = 1 << 20
     b = GraphBuilder()
     x = b.input("x", shape=(n,), dtype="float32")
@@ -139,7 +140,12 @@ def test_plan_shows_split_parts_unless_no_split(
     b.output(b.op("sum", *ts, shape=(n,), dtype="float32", name="j"))
     path = tmp_path / "wide.json"
     path.write_text(b.build().to_json())
+    code, out, _ = run_main(capsys, "plan", str(path), "--device", "cpu", "--json")
+    assert code == 0
+    (fused,) = [s["launch"] for st in json.loads(out)["plan"] for s in st["steps"]]
+    assert fused == "fused_tanh_tanh_tanh_tanh_sum"
     common = ("plan", str(path), "--device", "cpu", "--streams", "2", "--json")
+    common += ("--fuse", "off")
     code, out, _ = run_main(capsys, *common)
     assert code == 0
     steps = [s for st in json.loads(out)["plan"] for s in st["steps"]]

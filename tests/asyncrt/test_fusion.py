@@ -423,9 +423,10 @@ def test_the_default_fuses_only_chains_compiled_bit_for_bit(
     jit: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``fuse="auto"`` (the default): an exact chain becomes one compiled
-    node with the unfused results bit for bit; a chain with tanh (a rational
-    approximation when compiled) stays as built; without numba nothing is
-    fused."""
+    node with the unfused results bit for bit; a small chain with tanh (a
+    rational approximation when compiled) stays as built, a large one runs
+    on the block engine, bit for bit too; without numba only large chains
+    are fused."""
     if jit:
         pytest.importorskip("numba")
     monkeypatch.setattr(_jit, "enabled", jit)
@@ -443,3 +444,14 @@ def test_the_default_fuses_only_chains_compiled_bit_for_bit(
         assert got.numpy().tobytes() == want.numpy().tobytes()
     with graph_executor.create(chain_graph(), params=CHAIN_PARAMS) as ex:
         assert [launch.name for launch in ex.plan.launches()] == ["m", "t", "e", "s"]
+    n = _fusion.AUTO_BLOCK_MIN_ELEMENTS
+    x = np.linspace(-2, 2, n, dtype=np.float32)
+    with (
+        graph_executor.create(chain_graph(n), params=CHAIN_PARAMS) as auto,
+        graph_executor.create(chain_graph(n), params=CHAIN_PARAMS, fuse=False) as plain,
+    ):
+        (launch,) = auto.plan.launches()
+        assert launch.name == "fused_mul_tanh_exp_sqrt"
+        (got,) = auto.run_sync(x=x)
+        (want,) = plain.run_sync(x=x)
+        assert got.numpy().tobytes() == want.numpy().tobytes()

@@ -4,7 +4,9 @@ to the unsplit node, through every way to run, debug and profile a graph.
 
 The arrays are large (4 MiB) so that the measured cost model surely finds
 the split worth a thread wake-up; the tests assert what the planner chose
-and what the runs computed, never how long anything took.
+and what the runs computed, never how long anything took. Fusion is off
+(``fuse=False``): by default chains this large are fused instead, and a
+fused node is not split.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def parts(plan: Plan) -> dict[str, list[Launch]]:
 
 
 def test_the_join_runs_in_one_part_per_stream_bit_for_bit() -> None:
-    with graph_executor.create(wide(), None, "cpu", max_streams=2) as ex:
+    with graph_executor.create(wide(), None, "cpu", max_streams=2, fuse=False) as ex:
         check_plan(ex.plan)
         split = parts(ex.plan)
         assert set(split) == {"j"}
@@ -87,7 +89,7 @@ def test_the_join_runs_in_one_part_per_stream_bit_for_bit() -> None:
 def test_awaited_and_concurrent_runs_of_a_split_plan(anyio_backend: str) -> None:
     xs = [RNG.uniform(-1.0, 1.0, N).astype(np.float32) for _ in range(3)]
     with graph_executor.create(
-        wide(), None, "cpu", max_streams=2, params=params()
+        wide(), None, "cpu", max_streams=2, fuse=False, params=params()
     ) as ex:
         assert parts(ex.plan)
         results: list[Any] = [None] * len(xs)
@@ -109,17 +111,25 @@ def test_what_keeps_the_join_whole() -> None:
     graph = wide()
     for options in (
         {"max_streams": 1},  # one stream: nothing to share the join with
-        {"max_streams": 2, "split": False},
-        {"max_streams": 2, "split_min_bytes": 4 * N + 1},  # below the size
+        {"max_streams": 2, "fuse": False, "split": False},
+        {
+            "max_streams": 2,
+            "fuse": False,
+            "split_min_bytes": 4 * N + 1,
+        },  # below the size
     ):
         with graph_executor.create(graph, None, "cpu", **options) as ex:
             assert not parts(ex.plan), options
     lib = asyncrt.Module({"my_sum": _my_sum})  # not known to be elementwise
-    with graph_executor.create(wide("my_sum"), lib, "cpu", max_streams=2) as ex:
+    with graph_executor.create(
+        wide("my_sum"), lib, "cpu", max_streams=2, fuse=False
+    ) as ex:
         assert not parts(ex.plan)
     # "sum" from a lib is the lib's own kernel: it could mean anything.
     same_name = asyncrt.Module({"sum": _my_sum})
-    with graph_executor.create(graph, same_name, "cpu", max_streams=2) as ex:
+    with graph_executor.create(
+        graph, same_name, "cpu", max_streams=2, fuse=False
+    ) as ex:
         assert not parts(ex.plan)
 
 
@@ -154,7 +164,12 @@ def test_failed_and_cancelled_runs_of_a_split_plan_release_everything(
 
     lib = asyncrt.Module({"my_tanh": tanh})
     with graph_executor.create(
-        wide(first_tanh="my_tanh"), lib, "cpu", max_streams=2, params=params()
+        wide(first_tanh="my_tanh"),
+        lib,
+        "cpu",
+        max_streams=2,
+        fuse=False,
+        params=params(),
     ) as ex:
         # The join splits (a branch's tanh may too: t0's kernel declares
         # no work, so its stream idles while another branch's tanh runs).
@@ -190,6 +205,7 @@ def test_profile_and_dump_of_a_split_node(tmp_path: Path) -> None:
         None,
         "cpu",
         max_streams=2,
+        fuse=False,
         params=params(),
         dump_root=tmp_path / "dbg",
     ) as ex:
