@@ -289,15 +289,10 @@ def bind_softmax_last_axis(
     threads where there are enough of them."""
     width = a.shape[-1]
     flat, rows = a.reshape(-1, width), out.reshape(-1, width)
-    count = flat.shape[0]
-    threads = min(_threads.limits.threads, count, a.size // SOFTMAX_SPLIT_ELEMENTS)
-    if threads <= 1:
+    blocks = _threads.shares(flat.shape[0], a.size // SOFTMAX_SPLIT_ELEMENTS)
+    if len(blocks) == 1:
         return _bind_softmax_rows(flat, rows)
-    share = -(-count // threads)
-    parts = [
-        _bind_softmax_rows(flat[i : i + share], rows[i : i + share])
-        for i in range(0, count, share)
-    ]
+    parts = [_bind_softmax_rows(flat[i:j], rows[i:j]) for i, j in blocks]
     return functools.partial(_threads.run_parts, parts)
 
 

@@ -321,6 +321,4 @@ def _shares(out: Array, w: Array, extent: int) -> list[tuple[int, int]]:
     """``range(extent)`` cut into one ``(first, last)`` share per kernel
     thread the work pays for."""
     work = out.size * math.prod(w.shape[2:])
-    threads = min(_threads.limits.threads, extent, work // MIN_WORK_PER_THREAD)
-    share = -(-extent // max(threads, 1))
-    return [(i, min(i + share, extent)) for i in range(0, extent, share)]
+    return _threads.shares(extent, work // MIN_WORK_PER_THREAD)

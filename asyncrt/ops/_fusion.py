@@ -380,16 +380,15 @@ class ProgramKernel:
             xp = self._xp = importlib.import_module(self._xp_name)
         *inputs, out = arrays
         blocks = self._split.blocks
-        enough = self._work // MIN_WORK_PER_THREAD if MIN_WORK_PER_THREAD else 1e9
-        threads = min(_threads.limits.threads, len(blocks), int(enough))
-        if threads <= 1:
+        enough = self._work // MIN_WORK_PER_THREAD if MIN_WORK_PER_THREAD else 1 << 30
+        parts = _threads.shares(len(blocks), int(enough))
+        if len(parts) == 1:
             self._run(xp, inputs, out, blocks)
             return
-        share = -(-len(blocks) // threads)
         _threads.run_parts(
             [
-                functools.partial(self._run, xp, inputs, out, blocks[k : k + share])
-                for k in range(0, len(blocks), share)
+                functools.partial(self._run, xp, inputs, out, blocks[i:j])
+                for i, j in parts
             ]
         )
 

@@ -127,10 +127,7 @@ def bind_rows(
     :func:`bind_parts`) where each gets at least ``min_elements`` elements
     of ``row_size`` per row (0: a row each)."""
     enough = rows * row_size // min_elements if min_elements else rows
-    threads = min(_threads.limits.threads, rows, enough)
-    share = -(-rows // max(threads, 1))
-    shares = [(first, min(first + share, rows)) for first in range(0, rows, share)]
-    return bind_parts(kernel, arrays, shares or [(0, 0)])
+    return bind_parts(kernel, arrays, _threads.shares(rows, enough))
 
 
 def bind_parts(

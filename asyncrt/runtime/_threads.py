@@ -82,6 +82,7 @@ __all__ = (
     "policy_threads",
     "run_parts",
     "running",
+    "shares",
 )
 
 
@@ -358,6 +359,16 @@ limits = ThreadLimits()
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+
+
+def shares(extent: int, affordable: int) -> list[tuple[int, int]]:
+    """``range(extent)`` cut into contiguous ``(first, last)`` shares, one
+    per kernel thread the work pays for: at most :data:`limits`' threads,
+    ``extent`` and ``affordable`` (how many parts the work is worth), and
+    always at least one (``(0, 0)`` for nothing)."""
+    threads = max(1, min(limits.threads, extent, affordable))
+    share = max(1, -(-extent // threads))
+    return [(i, min(i + share, extent)) for i in range(0, extent, share)] or [(0, 0)]
 
 
 def run_parts(parts: Sequence[Callable[[], Any]]) -> None:
