@@ -44,6 +44,12 @@ Dump layout (TVM's), written by :meth:`~GraphModuleDebug.dump`::
       _tvmdbg_device_SIM_0/                 tensors that live on sim:0
         mm0a____topo-index_3____output-num_0.npy
 
+A node fused into another kernel (the default fuses exact elementwise
+chains, see :mod:`asyncrt.ops._fusion`) has no tensor of its own: the
+profile names the fused kernel, :meth:`~GraphModuleDebug.debug_get_output`
+refuses the member and the dump leaves it out; create the debug executor
+with ``fuse=False`` to see every node as drawn.
+
 Each tensor is dumped in the folder of the device that holds it, as
 ``<node name>____topo-index_<node id>____output-num_<output>.npy`` (TVM's
 key, with ``_`` for ``:`` and for any character not safe in a file name).
@@ -69,8 +75,9 @@ import numpy as np
 from typing_extensions import Unpack
 
 from devices import Device, NDArray, array
-from scheduler.dag import NOP_FUNC, Entry
+from scheduler.dag import NOP_FUNC, Entry, node_spec
 from scheduler.dispatch import Program
+from scheduler.fusion import FUSED_NODES_ATTR
 from scheduler.plan import Launch
 from scheduler.trace import RunTrace, TraceRecorder
 
@@ -397,8 +404,9 @@ class GraphModuleDebug(GraphModule):
         an index), as TVM's ``debug_get_output``.
 
         :param out: copy into this array instead of returning a new cpu one.
-        :raises InputError: for an unknown node or output, or if inputs were
-            never set.
+        :raises InputError: for an unknown node or output, a node fused into
+            another kernel (``fuse=False`` keeps every node's tensor), or if
+            inputs were never set.
         :raises NodeFailedError: if a kernel failed.
         """
         entry = self._output_entry(node, index)
@@ -427,7 +435,24 @@ class GraphModuleDebug(GraphModule):
                 f"node {self.graph.nodes[nid].name!r} has {count} output(s), "
                 f"not output {index!r}"
             )
-        return Entry(nid, index)
+        entry = Entry(nid, index)
+        if entry not in self.plan.storage:
+            raise InputError(self._fused_away(nid))
+        return entry
+
+    def _fused_away(self, nid: int) -> str:
+        """Why node ``nid`` has no tensor to read: it was fused (or dropped)."""
+        name = self.graph.nodes[nid].name
+        dag = self.core.compiled.dag
+        for fused in dag.nodes:
+            spec = node_spec(dag, fused)
+            if name in json.loads(spec.attrs.get(FUSED_NODES_ATTR, "[]")):
+                return (
+                    f"node {name!r} was fused into {spec.name!r} and has no "
+                    "tensor of its own; create the debug executor with "
+                    "fuse=False to read every node's output"
+                )
+        return f"node {name!r} has no tensor in the plan (its output is never used)"
 
     def _deliver(self, value: np.ndarray[Any, Any], out: NDArray | None) -> NDArray:
         result = array(value)

@@ -186,15 +186,24 @@ async def test_cancelled_gpu_runs_give_everything_back(
         await assert_next_run_correct(ex)
 
 
-def test_debug_executor_times_gpu_launches_on_the_device() -> None:
+@pytest.mark.parametrize("fuse", [False, "auto"])
+def test_debug_executor_times_gpu_launches_on_the_device(fuse: Any) -> None:
     x = np.linspace(-2, 2, N, dtype=np.float32)
-    with debug_executor.create(mlp_graph(), None, ["cuda:0"]) as ex:
+    with debug_executor.create(mlp_graph(), None, ["cuda:0"], fuse=fuse) as ex:
         ex.load_params(PARAMS)
         report = ex.profile(runs=3, x=x)
         _check_mlp(ex.run_sync(x=x), x)
     assert report.runs == 3
     by_name = {n.name: n for n in report.nodes}
-    for name in ("add0", "relu0", "mul0", "tanh0", "sub0"):
+    # Unfused, every node is timed; by default cupy fuses the chain into
+    # one kernel, which the profile names.
+    names = (
+        ("add0", "relu0", "mul0", "tanh0", "sub0")
+        if fuse is False
+        else ("fused_add_relu_mul_tanh", "sub0")
+    )
+    assert set(by_name) == set(names)
+    for name in names:
         node = by_name[name]
         assert node.device == "cuda:0"
         # CUDA events around the launch: a device time, far under a second

@@ -261,3 +261,30 @@ def test_an_ambiguous_node_name_is_refused_not_the_first_returned() -> None:
         with pytest.raises(InputError, match=r"'act' is ambiguous: nodes 1, 2"):
             module.debug_get_output("act")
         np.testing.assert_array_equal(module.debug_get_output(2).numpy(), [0, -2])
+
+
+def test_a_fused_node_is_refused_by_name_and_kept_with_fuse_off(tmp_path: Path) -> None:
+    # relu -> negative -> exp fuses into one kernel: the members have no
+    # tensor of their own, which the error says (it used to be a KeyError).
+    b = GraphBuilder()
+    x = b.input("x", shape=(4,), dtype="float32")
+    r = b.op("relu", x, shape=(4,), dtype="float32", name="r")
+    n = b.op("negative", r, shape=(4,), dtype="float32", name="n")
+    b.output(b.op("exp", n, shape=(4,), dtype="float32", name="e"))
+    data = np.array([-1.0, 0.5, 2.0, -3.0], np.float32)
+    want_n = -np.maximum(data, 0)
+    with debug_executor.create(b.build(), fuse=True, dump_root=tmp_path / "f") as fused:
+        fused.set_input(x=data)
+        assert [node.name for node in fused.profile(runs=1).nodes] == [
+            "fused_relu_neg_exp"
+        ]
+        with pytest.raises(
+            InputError, match=r"'n' was fused into 'fused_relu_neg_exp'.*fuse=False"
+        ):
+            fused.debug_get_output("n")
+        np.testing.assert_allclose(fused.debug_get_output("e").numpy(), np.exp(want_n))
+        root = fused.dump()
+        assert not list(root.glob("n____*.npy"))
+    with debug_executor.create(b.build(), fuse=False, dump_root=tmp_path) as plain:
+        plain.set_input(x=data)
+        np.testing.assert_array_equal(plain.debug_get_output("n").numpy(), want_n)
