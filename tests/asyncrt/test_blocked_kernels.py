@@ -1,0 +1,166 @@
+"""Activations computed in SIMD passes block by block (asyncrt.ops._blocks)
+and as compiled selects: equal to their float64 definitions, NaN and
+infinities included, over one block, many blocks with a short tail, strided
+and broadcast arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncrt import Bindable, ops
+from asyncrt.ops._blocks import BLOCK, bind_blocks
+from asyncrt.ops._kernels import global_namespace_func
+
+F64 = np.float64
+
+
+def _kernel(name: str, attrs: dict[str, Any] | None = None) -> Any:
+    func = name if attrs is None else ops.register_op_kernel(name, attrs)
+    kernel = global_namespace_func(func, "numpy")
+    assert kernel is not None
+    return kernel
+
+
+def _run(kernel: Any, *arrays: np.ndarray) -> None:
+    if isinstance(kernel, Bindable):
+        kernel.bind(*arrays)()
+    else:
+        kernel(*arrays)
+
+
+def _data(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    x = np.random.default_rng(seed).uniform(-4, 4, shape).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[:10] = [np.nan, np.inf, -np.inf, 0.0, -0.0, -1e-30, -100, 100, -20, 30]
+    return x
+
+
+def _elu(alpha: float, gamma: float) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda a: gamma * np.where(a > 0, a, alpha * np.expm1(a))
+
+
+CASES: dict[str, tuple[str, dict[str, Any] | None, Callable[[np.ndarray], Any]]] = {
+    "elu": ("elu", {"alpha": 0.7, "gamma": 1.0}, _elu(0.7, 1.0)),
+    "selu": ("elu", {"alpha": 1.67, "gamma": 1.05}, _elu(1.67, 1.05)),
+    "celu": (
+        "celu",
+        {"alpha": 1.3},
+        lambda a: np.maximum(0, a) + np.minimum(0, 1.3 * np.expm1(a / 1.3)),
+    ),
+    "softplus": ("softplus", None, lambda a: np.logaddexp(a, 0)),
+    "mish": ("mish", None, lambda a: a * np.tanh(np.logaddexp(a, 0))),
+    "thresholded_relu": (
+        "thresholded_relu",
+        {"alpha": 0.5},
+        lambda a: np.where(a > 0.5, a, 0),
+    ),
+    "shrink": (
+        "shrink",
+        {"lambd": 0.5, "bias": 0.25},
+        lambda a: np.where(a < -0.5, a + 0.25, np.where(a > 0.5, a - 0.25, 0)),
+    ),
+}
+SHAPES = [(3, 5), (1, 16, 384), (3 * BLOCK + 17,)]
+
+
+def _check(got: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    # float32 rounding of a few passes: within 4 ulps of the float64 value
+    np.testing.assert_allclose(got[finite], want[finite], rtol=5e-7, atol=1e-37)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_activation_equals_its_definition(case: str, shape: tuple[int, ...]) -> None:
+    name, attrs, definition = CASES[case]
+    x = _data(shape)
+    out = np.full(shape, 7.0, np.float32)  # stale values must not leak
+    with np.errstate(all="ignore"):
+        want = definition(x.astype(F64)).astype(np.float32)
+        _run(_kernel(name, attrs), x, out)
+    _check(out, want)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_activation_of_a_strided_view(case: str) -> None:
+    name, attrs, definition = CASES[case]
+    base = _data((64, 2 * 700), seed=1)
+    x = base[:, ::2]  # not contiguous: one whole-array pass
+    out = np.empty(x.shape, np.float32)
+    with np.errstate(all="ignore"):
+        want = definition(x.astype(F64)).astype(np.float32)
+        _run(_kernel(name, attrs), x, out)
+    _check(out, want)
+
+
+@pytest.mark.parametrize(
+    ("shape", "slope_shape"),
+    [((2, 3, 40, 50), (3, 1, 1)), ((3 * BLOCK + 5,), (3 * BLOCK + 5,)), ((4, 9), (9,))],
+    ids=str,
+)
+def test_prelu_per_channel_and_elementwise_slopes(
+    shape: tuple[int, ...], slope_shape: tuple[int, ...]
+) -> None:
+    x = _data(shape, seed=2)
+    slope = np.random.default_rng(3).uniform(-1, 2, slope_shape).astype(np.float32)
+    out = np.empty(shape, np.float32)
+    with np.errstate(all="ignore"):
+        _run(_kernel("prelu"), x, slope, out)
+        want = np.where(x >= 0, x, x * slope)
+    # the same float32 product, exactly; zeros may differ in sign only
+    np.testing.assert_array_equal(out, want)
+
+
+def test_bound_blocks_run_again_on_new_values_with_their_own_scratch() -> None:
+    size = 2 * BLOCK + 3
+    a = np.zeros(size, np.float32)
+    out = np.zeros(size, np.float32)
+    seen: list[int] = []
+
+    def body(src: np.ndarray, dst: np.ndarray, scratch: np.ndarray) -> None:
+        seen.append(src.size)
+        np.multiply(src, 2, out=scratch)
+        np.add(scratch, 1, out=dst)
+
+    run = bind_blocks(np, body, (a,), out, scratch=1)
+    for value in (1.0, -3.0):
+        a[...] = value
+        seen.clear()
+        run()
+        np.testing.assert_array_equal(out, 2 * value + 1)
+    assert seen == [BLOCK, BLOCK, 3]
+
+
+@pytest.mark.parametrize(
+    ("cond", "a", "b", "dtype"),
+    [
+        ((8, 128, 96), (8, 128, 96), (8, 128, 96), np.float32),  # whole
+        ((100, 100), (4, 8, 100, 100), (), np.float32),  # causal mask, -inf
+        ((1, 1, 100, 100), (4, 8, 100, 100), (1,), np.float32),
+        ((256,), (3, 256), (3, 256), np.float64),  # a row
+        ((), (), (), np.float32),  # scalars
+        ((5, 7), (5, 7), (), np.int64),
+        ((3, 1), (3, 4), (3, 4), np.float32),  # a column: numpy's kernel
+        ((4,), (3, 4), (2, 3, 4), np.float32),  # b alone makes the shape
+    ],
+    ids=str,
+)
+def test_where_selects_as_numpy_for_every_broadcast(
+    cond: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...], dtype: Any
+) -> None:
+    rng = np.random.default_rng(4)
+    c = rng.random(cond) > 0.5
+    x = rng.standard_normal(a).astype(dtype)
+    y = np.full(b, -np.inf if dtype == np.float32 else -7).astype(dtype)
+    if dtype == np.float32 and x.size > 2:
+        x.reshape(-1)[:2] = [np.nan, -0.0]
+    want = np.where(c, x, y)
+    out = np.full(want.shape, 3, dtype)
+    _run(_kernel("where"), c, x, y, out)
+    np.testing.assert_array_equal(out, want)
+    assert np.array_equal(np.signbit(out), np.signbit(want))
