@@ -33,7 +33,8 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
-from . import _common, _depthwise, _scratch
+from ..runtime import _threads
+from . import _blocks, _common, _depthwise, _epijit, _jit, _scratch
 from ._builtin import ones_vector
 from ._common import (
     Array,
@@ -569,6 +570,99 @@ def _instance_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
     return instance_norm
 
 
+def _row_normaliser(
+    xp: ModuleType,
+    flat: Array,
+    centred: Array,
+    mean: Array,
+    inv: Array,
+    ones: Array | None,
+    epsilon: float,
+    scale: Array,
+    bias: Array | None,
+) -> Callable[[], None]:
+    """Layer norm of the rows ``flat`` (``(rows, width)``) into ``centred``
+    (its rows, or the whole output where ``scale`` and ``bias`` broadcast
+    otherwise), the rows' mean and 1 / std dev into ``mean`` and ``inv``.
+
+    The mean is one matrix-vector product with ``1 / width`` (BLAS; numpy's
+    ``add.reduce`` over short rows costs more), ``centred`` holds ``x -
+    mean``, and the squares' sum is one ``vecdot`` (numpy >= 2; 2.5-3x
+    ``einsum``, which older numpy and cupy use). Two reductions and one
+    subtraction, no full-size temporary.
+    """
+    width = flat.shape[1]
+    rows = centred.reshape(-1, width)
+    mean_column, inv_column = mean.reshape(-1, 1), inv.reshape(-1, 1)
+    matmul, subtract, multiply = xp.matmul, xp.subtract, xp.multiply
+    add, sqrt, reciprocal, copyto = xp.add, xp.sqrt, xp.reciprocal, xp.copyto
+    divide = xp.divide
+    vecdot = getattr(xp, "vecdot", None)
+
+    def row_means() -> None:
+        if ones is not None:
+            matmul(flat, ones, out=mean)
+        else:  # half precision: numpy's pairwise sum, not a half dot
+            copyto(mean, add.reduce(flat, axis=1))
+        divide(mean, width, mean)
+
+    def squares() -> None:
+        if vecdot is not None and xp is np:
+            vecdot(rows, rows, out=inv)
+        elif vecdot is not None:
+            copyto(inv, vecdot(rows, rows))
+        else:
+            copyto(inv, xp.einsum("ij,ij->i", rows, rows))
+
+    def normalise() -> None:
+        row_means()
+        subtract(flat, mean_column, rows)
+        squares()
+        divide(inv, width, inv)
+        add(inv, epsilon, inv)
+        sqrt(inv, inv)
+        reciprocal(inv, inv)
+        multiply(rows, inv_column, rows)
+        multiply(centred, scale, centred)
+        if bias is not None:
+            add(centred, bias, centred)
+
+    return normalise
+
+
+def _compiled_layer_norm(
+    x: Array,
+    scale: Array,
+    bias: Array | None,
+    out: Array,
+    means: Array,
+    invs: Array,
+    epsilon: float,
+) -> Callable[[], None] | None:
+    """Layer norm of the rows of ``x`` (``(rows, width)``) into ``out`` as
+    one compiled loop per row (``_epijit``'s ``layer_norm``: within float32
+    rounding of the numpy passes, not bit for bit), or ``None`` without
+    numba or for arrays other than C-contiguous float32 with one ``scale``
+    and ``bias`` value per column."""
+    width = x.shape[1]
+    arrays = (x, scale, out) if bias is None else (x, scale, bias, out)
+    if (
+        not _jit.available()
+        or not width
+        or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays)
+        or any(a.size != width for a in arrays[1:-1])
+    ):
+        return None
+    shift = np.zeros(width, np.float32) if bias is None else bias.reshape(width)
+    row_arrays = (x, scale.reshape(width), shift, out, means, invs, np.float32(epsilon))
+    return _epijit.bind_rows(_epijit.loop("layer_norm"), row_arrays, x.shape[0], width)
+
+
+#: Layer norm rows are split over the kernel threads from this many
+#: elements, as softmax's (a hand-off costs about 50 us).
+ROW_SPLIT_ELEMENTS = 1 << 18
+
+
 @define("layer_norm")
 def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
     axis = integer(attrs, "axis")
@@ -580,19 +674,12 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
         raise ValueError(f"attribute 'stash_dtype' must be a dtype name: {stash!r}")
     # Resolved once: ``dtype.name`` costs microseconds a call.
     stash_type = None if stash is None else np.dtype(stash)
-    vecdot = getattr(xp, "vecdot", None)
 
     def fast(x: Array, scale: Array, *rest: Array) -> Callable[[], None] | None:
-        """Layer norm on these arrays in place, as one call without
-        arguments (the row statistics' buffers made here), or ``None`` where
-        a stash dtype other than ``x``'s needs the general path.
-
-        Per row: the mean is one matrix-vector product with ``1 / width``
-        (BLAS; numpy's ``add.reduce`` over short rows costs more), ``y``
-        holds ``x - mean``, and the squares' sum is one ``vecdot`` (numpy
-        >= 2; 2.5-3x ``einsum``, which older numpy and cupy use). Two
-        reductions and one subtraction, no full-size temporary.
-        """
+        """Layer norm on these arrays, as one call without arguments (the
+        row statistics' buffers made here; :func:`_row_normaliser` per
+        block of rows), or ``None`` where a stash dtype other than ``x``'s
+        needs the general path."""
         bias = rest[0] if has_bias else None
         y, *stats = rest[1:] if has_bias else rest
         width = math.prod(x.shape[axis % x.ndim :])
@@ -603,45 +690,71 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
         ):
             return None
         flat, centred = x.reshape(-1, width), y.reshape(-1, width)
-        mean = xp.empty(flat.shape[0], dtype=x.dtype)
-        inv = xp.empty(flat.shape[0], dtype=x.dtype)
-        mean_column, inv_column = mean.reshape(-1, 1), inv.reshape(-1, 1)
+        rows = flat.shape[0]
+        mean = xp.empty(rows, dtype=x.dtype)
+        inv = xp.empty(rows, dtype=x.dtype)
         kept = [
             (value, target.reshape(-1))
             for value, target in zip((mean, inv), stats[:extra], strict=False)
         ]
-        matmul, subtract, multiply = xp.matmul, xp.subtract, xp.multiply
-        add, sqrt, reciprocal, copyto = xp.add, xp.sqrt, xp.reciprocal, xp.copyto
         ones = _ones(xp, width, x.dtype) if x.dtype.itemsize >= 4 else None
-        divide = xp.divide
+        copyto = xp.copyto
+        # Blocks of rows whose arrays stay in cache through the passes, and
+        # those blocks over the kernel threads where the work pays for a
+        # hand-off; one block where scale or bias are not whole rows.
+        rowwise = xp is np and all(
+            t is None or t.size in (1, width) for t in (scale, bias)
+        )
+        compiled = (
+            _compiled_layer_norm(flat, scale, bias, centred, mean, inv, epsilon)
+            if rowwise
+            else None
+        )
+        if compiled is not None:
 
-        def row_means() -> None:
-            if ones is not None:
-                matmul(flat, ones, out=mean)
-            else:  # half precision: numpy's pairwise sum, not a half dot
-                copyto(mean, add.reduce(flat, axis=1))
-            divide(mean, width, mean)
+            def normalise_compiled() -> None:
+                compiled()
+                for value, target in kept:
+                    copyto(target, value)
 
-        def squares() -> None:
-            if vecdot is not None and xp is np:
-                vecdot(centred, centred, out=inv)
-            elif vecdot is not None:
-                copyto(inv, vecdot(centred, centred))
-            else:
-                copyto(inv, xp.einsum("ij,ij->i", centred, centred))
+            return normalise_compiled
+        block = max(1, _blocks.BLOCK // width) if rowwise else rows
+        per_row = (
+            (scale.reshape(-1), None if bias is None else bias.reshape(-1))
+            if rowwise
+            else (scale, bias)
+        )
+
+        def normaliser(first: int, last: int) -> Callable[[], None]:
+            steps = [
+                _row_normaliser(
+                    xp,
+                    flat[i : min(i + block, last)],
+                    centred[i : min(i + block, last)] if rowwise else y,
+                    mean[i : min(i + block, last)],
+                    inv[i : min(i + block, last)],
+                    ones,
+                    epsilon,
+                    *per_row,
+                )
+                for i in range(first, last, block)
+            ]
+
+            def run() -> None:
+                for step in steps:
+                    step()
+
+            return run
+
+        shares = (
+            _threads.shares(rows, x.size // ROW_SPLIT_ELEMENTS)
+            if rowwise
+            else [(0, rows)]
+        )
+        parts = [normaliser(first, last) for first, last in shares]
 
         def normalise() -> None:
-            row_means()
-            subtract(flat, mean_column, centred)
-            squares()
-            divide(inv, width, inv)
-            add(inv, epsilon, inv)
-            sqrt(inv, inv)
-            reciprocal(inv, inv)
-            multiply(centred, inv_column, centred)
-            multiply(y, scale, y)
-            if bias is not None:
-                add(y, bias, y)
+            _threads.run_parts(parts)
             for value, target in kept:
                 copyto(target, value)
 

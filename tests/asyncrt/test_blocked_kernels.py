@@ -164,3 +164,44 @@ def test_where_selects_as_numpy_for_every_broadcast(
     _run(_kernel("where"), c, x, y, out)
     np.testing.assert_array_equal(out, want)
     assert np.array_equal(np.signbit(out), np.signbit(want))
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (300, 768), (2, 5, 384)], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_layer_norm_in_rows_equals_its_definition(
+    shape: tuple[int, ...], bias: bool, compiled: bool, monkeypatch: Any
+) -> None:
+    # Compiled (one loop per row), or numpy's passes in blocks of rows:
+    # both within float32 rounding of the definition, the statistics too,
+    # and a NaN stays in its row.
+    from asyncrt.ops import _jit
+
+    if compiled and not _jit.available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(_jit, "enabled", compiled)
+    attrs = {"axis": -1, "epsilon": 1e-5, "bias": bias, "stats": 2}
+    kernel = _kernel("layer_norm", attrs)
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    x.reshape(-1, shape[-1])[1, 2] = np.nan
+    width = shape[-1]
+    scale, shift = rng.standard_normal((2, width)).astype(np.float32)
+    rows = x.size // width
+    y = np.empty_like(x)
+    mean = np.empty((*shape[:-1], 1), np.float32)
+    inv = np.empty_like(mean)
+    args = (x, scale, *((shift,) if bias else ()), y, mean, inv)
+    _run(kernel, *args)
+    wide = x.astype(F64).reshape(rows, width)
+    centre = wide.mean(axis=1, keepdims=True)
+    std = np.sqrt(((wide - centre) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+    want = (wide - centre) / std * scale + (shift if bias else 0)
+    got = y.reshape(rows, width)
+    assert np.isnan(got[1]).all() and not np.isnan(np.delete(got, 1, axis=0)).any()
+    keep = np.arange(rows) != 1
+    np.testing.assert_allclose(got[keep], want[keep], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        mean.reshape(-1)[keep], centre[keep, 0], rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(inv.reshape(-1)[keep], 1 / std[keep, 0], rtol=1e-5)
