@@ -178,7 +178,64 @@ def _cumsum(xp: ModuleType, attrs: Attrs) -> Kernel:
             total = shifted
         out[...] = xp.flip(total, axis) if reverse else total
 
-    return cumsum
+    def bind(a: Array, out: Array) -> Callable[[], None]:
+        along = axis % a.ndim if a.ndim else 0
+        inner = a.size // a.shape[along] if a.ndim and a.shape[along] else 0
+        if (
+            xp is not np
+            or along == a.ndim - 1
+            or a.dtype != out.dtype
+            or inner < CUMSUM_MIN_SLICE
+        ):
+            return functools.partial(cumsum, a, out)
+        return _bind_cumsum_slices(a, out, along, exclusive, reverse)
+
+    return Bindable(cumsum, bind)
+
+
+#: Cumulative sums along an axis other than the last run as one vector add
+#: per step where each step adds at least this many elements: numpy's
+#: ``cumsum`` walks such an axis element by element (8 x 128 x 768 along
+#: the 128: 7.1 ms, 25x the bytes floor), a step's add is vectorised.
+CUMSUM_MIN_SLICE = 64
+
+
+def _slice(a: np.ndarray[Any, Any], axis: int, index: int) -> np.ndarray[Any, Any]:
+    """The view of ``a`` at ``index`` along ``axis``."""
+    key: tuple[slice | int, ...] = (*(slice(None),) * axis, index)
+    return a[key]
+
+
+def _bind_cumsum_slices(
+    a: np.ndarray[Any, Any],
+    out: np.ndarray[Any, Any],
+    axis: int,
+    exclusive: bool,
+    reverse: bool,
+) -> Callable[[], None]:
+    """``out`` = the running sums of ``a`` along ``axis``, one slice added
+    to the previous sum per step: the additions of numpy's ``cumsum`` in
+    its order, so the same values bit for bit."""
+    order = range(a.shape[axis] - 1, -1, -1) if reverse else range(a.shape[axis])
+    sources = [_slice(a, axis, i) for i in order]
+    targets = [_slice(out, axis, i) for i in order]
+    add, copyto = np.add, np.copyto
+
+    def run() -> None:
+        if not targets:
+            return
+        if exclusive:
+            targets[0].fill(0)
+            if len(targets) > 1:
+                copyto(targets[1], sources[0])
+            for k in range(2, len(targets)):
+                add(targets[k - 1], sources[k - 1], out=targets[k])
+            return
+        copyto(targets[0], sources[0])
+        for k in range(1, len(targets)):
+            add(targets[k - 1], sources[k], out=targets[k])
+
+    return run
 
 
 @define("topk")

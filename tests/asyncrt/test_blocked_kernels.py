@@ -205,3 +205,31 @@ def test_layer_norm_in_rows_equals_its_definition(
         mean.reshape(-1)[keep], centre[keep, 0], rtol=1e-5, atol=1e-6
     )
     np.testing.assert_allclose(inv.reshape(-1)[keep], 1 / std[keep, 0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -2])
+@pytest.mark.parametrize("exclusive", [False, True])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_cumsum_by_slices_equals_numpys_bit_for_bit(
+    axis: int, exclusive: bool, reverse: bool, dtype: Any
+) -> None:
+    # Along an axis other than the last: one vector add per step, in
+    # numpy's order of additions, so its exact values.
+    rng = np.random.default_rng(7)
+    a = (rng.standard_normal((5, 9, 70)) * 100).astype(dtype)
+    attrs = {"axis": axis, "exclusive": exclusive, "reverse": reverse}
+    out = np.full(a.shape, 5, dtype)
+    _run(_kernel("cumsum", attrs), a, out)
+    source = np.flip(a, axis) if reverse else a
+    total = np.cumsum(source, axis=axis, dtype=dtype)
+    if exclusive:
+        total = np.concatenate(
+            [
+                np.zeros_like(np.take(total, [0], axis=axis)),
+                np.delete(total, -1, axis=axis),
+            ],
+            axis=axis,
+        )
+    want = np.flip(total, axis) if reverse else total
+    np.testing.assert_array_equal(out, want)
