@@ -805,4 +805,34 @@ def _lrn(xp: ModuleType, attrs: Attrs) -> Kernel:
         with quiet(xp):
             xp.divide(x, (bias + alpha / size * total) ** beta, out)
 
-    return lrn
+    def bind(x: Array, out: Array) -> Callable[[], None]:
+        if xp is not np or x.ndim < 2 or not x.size or x.dtype != out.dtype:
+            return functools.partial(lrn, x, out)
+        before = (size - 1) // 2
+        channels = x.shape[1]
+        # Per image: its squares (zero pads around the channels, filled
+        # once) and the window sums, made here; the sums as shifted adds,
+        # in the order of the window's sum (bit for bit).
+        squares = np.zeros((channels + size - 1, *x.shape[2:]), x.dtype)
+        total = np.empty(x.shape[1:], x.dtype)
+        inner = squares[before : before + channels]
+        windows = [squares[k : k + channels] for k in range(1, size)]
+        multiply, add, copyto, power = np.multiply, np.add, np.copyto, np.power
+        divide, per = np.divide, alpha / size
+        images = list(zip(x, out, strict=True))
+
+        def run() -> None:
+            with np.errstate(all="ignore"):
+                for image, target in images:
+                    multiply(image, image, out=inner)
+                    copyto(total, squares[:channels])
+                    for window in windows:
+                        add(total, window, out=total)
+                    multiply(total, per, out=total)
+                    add(total, bias, out=total)
+                    power(total, beta, out=total)
+                    divide(image, total, out=target)
+
+        return run
+
+    return Bindable(lrn, bind)

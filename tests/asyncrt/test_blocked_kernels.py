@@ -233,3 +233,28 @@ def test_cumsum_by_slices_equals_numpys_bit_for_bit(
         )
     want = np.flip(total, axis) if reverse else total
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("size", [1, 4, 5, 9])
+@pytest.mark.parametrize("shape", [(2, 7, 6, 5), (1, 10), (3, 16, 40)], ids=str)
+def test_lrn_bound_per_image_equals_the_window_view(
+    size: int, shape: tuple[int, ...]
+) -> None:
+    # Shifted adds per image, in the window's order: the values of the
+    # sliding-window kernel bit for bit, bound once and run on new values.
+    kernel = _kernel("lrn", {"alpha": 1e-3, "beta": 0.75, "bias": 2.0, "size": size})
+    x = np.zeros(shape, np.float32)
+    out, want = np.empty_like(x), np.empty_like(x)
+    run = kernel.bind(x, out)
+    for seed in (8, 9):
+        x[...] = np.random.default_rng(seed).standard_normal(shape) * 10
+        run()
+        kernel(x, want)
+        np.testing.assert_array_equal(out, want)
+    channels = shape[1]
+    padded = np.pad(
+        x.astype(F64) ** 2,
+        [(0, 0), ((size - 1) // 2, size // 2)] + [(0, 0)] * (x.ndim - 2),
+    )
+    sums = sum(padded[:, k : k + channels] for k in range(size))
+    np.testing.assert_allclose(out, x / (2.0 + 1e-3 / size * sums) ** 0.75, rtol=2e-6)
