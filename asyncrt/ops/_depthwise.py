@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime import _threads
-from . import _jit
+from . import _jit, _jitmath
 from ._common import Array, relu_in_place
 
 __all__ = (
@@ -57,6 +57,8 @@ __all__ = (
     "MIN_WORK_PER_THREAD",
     "PLANAR_MIN_WIDTH",
     "bind_depthwise",
+    "bind_max_pool",
+    "pools",
     "takes",
 )
 
@@ -123,7 +125,9 @@ def _depthwise_pixels(  # pragma: no cover - compiled by numba
                             out[n, i, j, c] += w[kh, kw, c] * x[n, row, column, c]
 
 
-def _planes_source(taps: int, unit_stride_w: bool, relu: bool) -> str:
+def _planes_source(
+    taps: int, unit_stride_w: bool, relu: bool, reduce: str = "sum"
+) -> str:
     """The planar kernel for ``taps`` kernel taps (see :func:`_bind_planes`):
     ``kernel(x, w, bias, out, phases, line, offsets, first, last, stride_h,
     stride_w, pad_h, pad_w, pitch, phase_rows)`` computes channels
@@ -143,16 +147,24 @@ def _planes_source(taps: int, unit_stride_w: bool, relu: bool) -> str:
     would cost a strided gather per input cell (0.38 ns against 0.08 for a
     contiguous copy, more than the dropped sums), and LLVM does not
     vectorise strided loads of the taps.
+
+    ``reduce="max"`` makes the same loop a max pooling: the taps' maximum
+    (``max_``: NaN in, NaN out, as ``np.maximum``) instead of the weighted
+    sum, over phases padded with -inf (the weights and bias unused).
     """
     statements = []
     for begin in range(0, taps, CHUNK):
         chunk = range(begin, min(begin + CHUNK, taps))
-        terms = " + ".join(f"w{t} * phases[o{t} + q]" for t in chunk)
-        left = "shift" if begin == 0 else "line[q]"
-        statements += [
-            "            for q in range(span):",
-            f"                line[q] = {left} + {terms}",
-        ]
+        if reduce == "max":
+            value = "line[q]" if begin else f"phases[o{chunk[0]} + q]"
+            for t in chunk[0 if begin else 1 :]:
+                value = f"max_({value}, phases[o{t} + q])"
+            line = f"                line[q] = {value}"
+        else:
+            terms = " + ".join(f"w{t} * phases[o{t} + q]" for t in chunk)
+            left = "shift" if begin == 0 else "line[q]"
+            line = f"                line[q] = {left} + {terms}"
+        statements += ["            for q in range(span):", line]
     column = "j" if unit_stride_w else "j * np.uint64(stride_w)"
     # NaN stays NaN, as np.maximum(NaN, 0) has it
     result = "0 if v < 0 else v" if relu else "v"
@@ -166,11 +178,13 @@ def _planes_source(taps: int, unit_stride_w: bool, relu: bool) -> str:
     offsets = [f"    o{t} = np.uint64(offsets[{t}])" for t in range(taps)]
     # in locals: LLVM cannot tell that stores to ``out`` leave ``w`` as is
     weights = [f"            w{t} = w[c, {t}]" for t in range(taps)]
+    if reduce == "max":
+        weights = []
     return "\n".join(
         [
             "import numba",
             "import numpy as np",
-            "",
+            _jitmath.SOURCE if reduce == "max" else "",
             "",
             "@numba.njit(cache=True, nogil=True, error_model='numpy', "
             "boundscheck=False)",
@@ -276,9 +290,11 @@ def _bind_planes(
     out: Array,
     geometry: tuple[int, ...],
     relu: bool,
+    reduce: str = "sum",
 ) -> Callable[[], None]:
     """:func:`bind_depthwise` on the NCHW planes (no layout copies), by the
-    kernel of :func:`_planes_source` for this many taps."""
+    kernel of :func:`_planes_source` for this many taps (``w`` of shape
+    ``(C, 1, Kh, Kw)``; with ``reduce="max"`` only its shape counts)."""
     channels = x.shape[1]
     k_h, k_w = w.shape[2:]
     stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w = geometry
@@ -299,13 +315,14 @@ def _bind_planes(
         ],
         np.int64,
     )
-    text = _planes_source(k_h * k_w, stride_w == 1, relu)
+    text = _planes_source(k_h * k_w, stride_w == 1, relu, reduce)
     module = "asyncrt_depthwise_" + hashlib.sha256(text.encode()).hexdigest()[:20]
     kernel = _jit.compile_source(module, text, "kernel")
     taps = w.reshape(channels, k_h * k_w)
     shift = np.zeros(channels, x.dtype) if bias is None else bias
     shares = _shares(out, w, channels)
-    phases = np.zeros((len(shares), stride_h * phase_size), x.dtype)
+    pad = -np.inf if reduce == "max" else 0  # what a cell outside the input adds
+    phases = np.full((len(shares), stride_h * phase_size), pad, x.dtype)
     lines = np.empty((len(shares), out_h * pitch), x.dtype)
     geometry = (stride_h, stride_w, pad_h, pad_w, pitch, phase_rows)
     return _jit.bind_parts(
@@ -314,6 +331,40 @@ def _bind_planes(
         shares,
         per_part=frozenset({4, 5}),
         trailing=geometry,
+    )
+
+
+def pools(xp: ModuleType, x: Array, out: Array) -> bool:
+    """Whether a 2-D max pooling of these arrays compiles on the planar
+    loop: as :func:`takes`, with outputs at least
+    :data:`PLANAR_MIN_WIDTH` wide."""
+    return bool(
+        xp is np
+        and _jit.available()
+        and x.ndim == 4
+        and x.dtype in _DTYPES
+        and out.dtype == x.dtype
+        and out.shape[3] >= PLANAR_MIN_WIDTH
+        and x.flags.c_contiguous
+        and out.flags.c_contiguous
+    )
+
+
+def bind_max_pool(
+    x: Array,
+    out: Array,
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    begin: tuple[int, ...],
+    dilations: tuple[int, ...],
+) -> Callable[[], None]:
+    """2-D max pooling of :func:`pools`' arrays on the planar loop (the
+    depthwise kernel with a maximum for a weighted sum): the window's
+    maximum in registers, pads -inf, NaN propagated as ``np.maximum``;
+    the same values as the window folds but for the sign of equal zeros."""
+    shape = np.empty((x.shape[1], 1, *kernel), x.dtype)  # only its shape is read
+    return _bind_planes(
+        x, shape, None, out, (*strides, *begin, *dilations), False, "max"
     )
 
 

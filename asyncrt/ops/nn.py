@@ -324,6 +324,10 @@ def _max_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
 
     def bind(x: Array, out: Array, *indices: Array) -> Callable[[], None]:
         begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
+        if not with_indices and out.size and _depthwise.pools(xp, x, out):
+            return _depthwise.bind_max_pool(
+                x, out, geometry.kernel, geometry.strides, begin, geometry.dilations
+            )
         if with_indices or (xp is not np and not _fits(x, begin, reach)):
             return functools.partial(max_pool, x, out, *indices)
         if not _fits(x, begin, reach):

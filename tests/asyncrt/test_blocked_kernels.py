@@ -258,3 +258,69 @@ def test_lrn_bound_per_image_equals_the_window_view(
     )
     sums = sum(padded[:, k : k + channels] for k in range(size))
     np.testing.assert_allclose(out, x / (2.0 + 1e-3 / size * sums) ** 0.75, rtol=2e-6)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+        {"kernel_shape": [2, 2], "strides": [2, 2]},
+        {"kernel_shape": [3, 2], "strides": [1, 3], "pads": [0, 1, 2, 0]},
+        {"kernel_shape": [5, 5], "strides": [1, 1], "pads": [2, 2, 2, 2]},
+        {"kernel_shape": [3, 3], "strides": [2, 2], "dilations": [2, 2]},
+        {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+    ],
+    ids=lambda a: "-".join(f"{k}{v}" for k, v in a.items()),
+)
+def test_max_pool_on_the_planar_loop_equals_the_window_folds(
+    attrs: dict[str, Any], monkeypatch: Any
+) -> None:
+    # The depthwise loop with a maximum: the folds' values, NaN and
+    # infinities included (pads are -inf, never a value).
+    from asyncrt.ops import _jit
+
+    if not _jit.available():
+        pytest.skip("numba is not installed")
+    from asyncrt import ops as library
+    from asyncrt.ops import _depthwise
+
+    x = np.random.default_rng(10).standard_normal((2, 5, 33, 40)).astype(np.float32)
+    x[0, 0, 0, :3] = [np.nan, np.inf, -np.inf]
+    x[1, 2] = -np.inf  # a whole plane of -inf: pads must not win
+    op = library.lookup("max_pool")
+    assert op is not None
+    full = {
+        "auto_pad": "NOTSET",
+        "indices": False,
+        "storage_order": 0,
+        "strides": [1, 1],
+        "dilations": [1, 1],
+        "pads": [0, 0, 0, 0],
+        **{k: v for k, v in attrs.items() if k != "ceil_mode"},
+    }
+    kernel = op.make(np, full)
+    shape = _pool_shape(x.shape, attrs)
+    out, want = np.empty(shape, np.float32), np.empty(shape, np.float32)
+    assert _depthwise.pools(np, x, out)  # the planar loop takes it
+    kernel.bind(x, out)()
+    monkeypatch.setattr(_jit, "enabled", False)
+    op.make(np, full).bind(x, want)()
+    np.testing.assert_array_equal(out, want)
+
+
+def _pool_shape(shape: tuple[int, ...], attrs: dict[str, Any]) -> tuple[int, ...]:
+    kernel = attrs["kernel_shape"]
+    strides = attrs.get("strides", [1, 1])
+    pads = attrs.get("pads", [0, 0, 0, 0])
+    dilations = attrs.get("dilations", [1, 1])
+    spatial = []
+    for axis in range(2):
+        reach = (kernel[axis] - 1) * dilations[axis] + 1
+        room = shape[2 + axis] + pads[axis] + pads[axis + 2] - reach
+        steps = (
+            -(-room // strides[axis])
+            if attrs.get("ceil_mode")
+            else room // strides[axis]
+        )
+        spatial.append(steps + 1)
+    return (*shape[:2], *spatial)
