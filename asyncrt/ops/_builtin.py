@@ -289,11 +289,37 @@ def bind_softmax_last_axis(
     threads where there are enough of them."""
     width = a.shape[-1]
     flat, rows = a.reshape(-1, width), out.reshape(-1, width)
-    blocks = _threads.shares(flat.shape[0], a.size // SOFTMAX_SPLIT_ELEMENTS)
-    if len(blocks) == 1:
-        return _bind_softmax_rows(flat, rows)
-    parts = [_bind_softmax_rows(flat[i:j], rows[i:j]) for i, j in blocks]
+    shares = _threads.shares(flat.shape[0], a.size // SOFTMAX_SPLIT_ELEMENTS)
+    step = max(1, SOFTMAX_BLOCK // width)
+    parts = [_softmax_row_blocks(flat[i:j], rows[i:j], step) for i, j in shares]
+    if len(parts) == 1:
+        return parts[0]
     return functools.partial(_threads.run_parts, parts)
+
+
+#: Elements per block of rows a softmax's passes run over: its five passes
+#: (two range checks, exp, row sums, scaling) read a block from cache, not
+#: memory. 4 x 12 x 512 x 512 on one thread: 16.6 -> 12.0 ms (64Ki: 12.5,
+#: 256Ki: 12.1); arrays of one block are unchanged (2-core AVX-512 VM).
+SOFTMAX_BLOCK = 1 << 17
+
+
+def _softmax_row_blocks(
+    flat: np.ndarray[Any, Any], rows: np.ndarray[Any, Any], step: int
+) -> Callable[[], None]:
+    """:func:`_bind_softmax_rows` over blocks of ``step`` rows, in turn."""
+    blocks = [
+        _bind_softmax_rows(flat[i : i + step], rows[i : i + step])
+        for i in range(0, max(flat.shape[0], 1), step)
+    ]
+    if len(blocks) == 1:
+        return blocks[0]
+
+    def softmax() -> None:
+        for block in blocks:
+            block()
+
+    return softmax
 
 
 def _bind_softmax_rows(

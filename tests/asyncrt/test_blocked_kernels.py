@@ -324,3 +324,24 @@ def _pool_shape(shape: tuple[int, ...], attrs: dict[str, Any]) -> tuple[int, ...
         )
         spatial.append(steps + 1)
     return (*shape[:2], *spatial)
+
+
+def test_softmax_in_blocks_of_rows_equals_its_definition(monkeypatch: Any) -> None:
+    # Blocks of rows each choose their own path (bounded, masked, shifted):
+    # every row is the definition's, whichever block it falls in.
+    from asyncrt.ops import _builtin
+
+    monkeypatch.setattr(_builtin, "SOFTMAX_BLOCK", 64)  # 4 rows of 16 a block
+    a = (np.random.default_rng(11).standard_normal((3, 7, 16)) * 10).astype(np.float32)
+    a[0, 1, :3] = -np.inf  # masked scores in one block
+    a[1, 2, 4] = 200.0  # a row that needs the shift in another
+    a[2, 5, 0] = np.nan  # a NaN row stays NaN, alone
+    out = np.empty_like(a)
+    _builtin.bind_softmax_last_axis(a, out)()
+    wide = a.astype(F64)
+    e = np.exp(wide - wide.max(axis=-1, keepdims=True))
+    want = e / e.sum(axis=-1, keepdims=True)
+    assert np.isnan(out[2, 5]).all()
+    keep = ~np.isnan(want)
+    np.testing.assert_allclose(out[keep], want[keep], rtol=1e-5, atol=1e-7)
+    assert not np.isnan(np.delete(out.reshape(-1, 16), 2 * 7 + 5, axis=0)).any()
