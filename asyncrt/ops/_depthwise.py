@@ -57,7 +57,7 @@ __all__ = (
     "MIN_WORK_PER_THREAD",
     "PLANAR_MIN_WIDTH",
     "bind_depthwise",
-    "bind_max_pool",
+    "bind_pool",
     "pools",
     "takes",
 )
@@ -350,22 +350,23 @@ def pools(xp: ModuleType, x: Array, out: Array) -> bool:
     )
 
 
-def bind_max_pool(
+def bind_pool(
     x: Array,
     out: Array,
     kernel: tuple[int, ...],
     strides: tuple[int, ...],
     begin: tuple[int, ...],
     dilations: tuple[int, ...],
+    reduce: str,
 ) -> Callable[[], None]:
-    """2-D max pooling of :func:`pools`' arrays on the planar loop (the
-    depthwise kernel with a maximum for a weighted sum): the window's
-    maximum in registers, pads -inf, NaN propagated as ``np.maximum``;
-    the same values as the window folds but for the sign of equal zeros."""
-    shape = np.empty((x.shape[1], 1, *kernel), x.dtype)  # only its shape is read
-    return _bind_planes(
-        x, shape, None, out, (*strides, *begin, *dilations), False, "max"
-    )
+    """2-D pooling of :func:`pools`' arrays on the planar loop: each
+    window's maximum (``reduce="max"``: pads -inf, NaN propagated as
+    ``np.maximum``; the window folds' values but for the sign of equal
+    zeros) or its sum (``"sum"``: the depthwise loop with unit weights, pads
+    zero; within float32 rounding of the folds, which add in another
+    order)."""
+    w = np.ones((x.shape[1], 1, *kernel), x.dtype)
+    return _bind_planes(x, w, None, out, (*strides, *begin, *dilations), False, reduce)
 
 
 def _shares(out: Array, w: Array, extent: int) -> list[tuple[int, int]]:

@@ -325,8 +325,14 @@ def _max_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
     def bind(x: Array, out: Array, *indices: Array) -> Callable[[], None]:
         begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
         if not with_indices and out.size and _depthwise.pools(xp, x, out):
-            return _depthwise.bind_max_pool(
-                x, out, geometry.kernel, geometry.strides, begin, geometry.dilations
+            return _depthwise.bind_pool(
+                x,
+                out,
+                geometry.kernel,
+                geometry.strides,
+                begin,
+                geometry.dilations,
+                "max",
             )
         if with_indices or (xp is not np and not _fits(x, begin, reach)):
             return functools.partial(max_pool, x, out, *indices)
@@ -471,18 +477,42 @@ def _avg_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
         multiply = xp.multiply
 
         def pool() -> None:
-            fold()
+            with quiet(xp):  # inf + -inf in a window: NaN, as IEEE has it
+                fold()
             multiply(out, factor, out)
 
         return pool
 
+    def by_planes(x: Array, out: Array) -> Callable[[], None] | None:
+        """The window sums on the depthwise planar loop, scaled, or
+        ``None`` where it does not take these arrays."""
+        if not out.size or not _depthwise.pools(xp, x, out):
+            return None
+        begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
+        sums = _depthwise.bind_pool(
+            x,
+            out,
+            geometry.kernel,
+            geometry.strides,
+            begin,
+            geometry.dilations,
+            "sum",
+        )
+        factor, multiply = scale(x, out), xp.multiply
+
+        def planar() -> None:
+            sums()
+            multiply(out, factor, out)
+
+        return planar
+
     def avg_pool(x: Array, out: Array) -> None:
-        (by_matrix(x, out) or by_folds(x, out))()
+        (by_matrix(x, out) or by_planes(x, out) or by_folds(x, out))()
 
     def bind(x: Array, out: Array) -> Callable[[], None]:
-        matmul = by_matrix(x, out)
-        if matmul is not None:
-            return matmul
+        bound = by_matrix(x, out) or by_planes(x, out)
+        if bound is not None:
+            return bound
         begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
         if not _fits(x, begin, reach):
             return functools.partial(avg_pool, x, out)

@@ -272,11 +272,13 @@ def test_lrn_bound_per_image_equals_the_window_view(
     ],
     ids=lambda a: "-".join(f"{k}{v}" for k, v in a.items()),
 )
-def test_max_pool_on_the_planar_loop_equals_the_window_folds(
-    attrs: dict[str, Any], monkeypatch: Any
+@pytest.mark.parametrize("pool", ["max_pool", "avg_pool", "avg_pool_pads"])
+def test_pools_on_the_planar_loop_equal_the_window_folds(
+    attrs: dict[str, Any], pool: str, monkeypatch: Any
 ) -> None:
     # The depthwise loop with a maximum: the folds' values, NaN and
-    # infinities included (pads are -inf, never a value).
+    # infinities included (pads are -inf, never a value); with unit
+    # weights, the window sums (in another order: within rounding).
     from asyncrt.ops import _jit
 
     if not _jit.available():
@@ -287,12 +289,13 @@ def test_max_pool_on_the_planar_loop_equals_the_window_folds(
     x = np.random.default_rng(10).standard_normal((2, 5, 33, 40)).astype(np.float32)
     x[0, 0, 0, :3] = [np.nan, np.inf, -np.inf]
     x[1, 2] = -np.inf  # a whole plane of -inf: pads must not win
-    op = library.lookup("max_pool")
+    op = library.lookup(pool.removesuffix("_pads"))
     assert op is not None
     full = {
         "auto_pad": "NOTSET",
         "indices": False,
         "storage_order": 0,
+        "count_include_pad": pool.endswith("_pads"),
         "strides": [1, 1],
         "dilations": [1, 1],
         "pads": [0, 0, 0, 0],
@@ -305,7 +308,13 @@ def test_max_pool_on_the_planar_loop_equals_the_window_folds(
     kernel.bind(x, out)()
     monkeypatch.setattr(_jit, "enabled", False)
     op.make(np, full).bind(x, want)()
-    np.testing.assert_array_equal(out, want)
+    if pool == "max_pool":
+        np.testing.assert_array_equal(out, want)
+    else:
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+        finite = np.isfinite(want)
+        np.testing.assert_array_equal(out[~finite], want[~finite])
+        np.testing.assert_allclose(out[finite], want[finite], rtol=1e-6, atol=1e-6)
 
 
 def _pool_shape(shape: tuple[int, ...], attrs: dict[str, Any]) -> tuple[int, ...]:
