@@ -31,7 +31,7 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from ..runtime import _threads
-from . import _blocks, _jitfuse, _jitwhere
+from . import _blocks, _jitbroadcast, _jitfuse
 from ._kernels import Bindable, FlopsFunction
 from ._library import FusionTemplate, builtin
 
@@ -698,6 +698,14 @@ def _prelu(xp: ModuleType) -> Bindable:
     return _blocks.blockwise(xp, prelu, scratch=1)
 
 
+def _compiled_int32(
+    name: str, xp: ModuleType, kernel: Callable[..., None]
+) -> Callable[..., None]:
+    """``kernel``, compiled for int32 arrays where numba is installed
+    (:func:`asyncrt.ops._jitbroadcast.compiled_integer_division`)."""
+    return _jitbroadcast.compiled_integer_division(name, kernel) if xp is np else kernel
+
+
 @builtin("trunc_divide")
 def _trunc_divide(xp: ModuleType) -> Callable[..., None]:
     def trunc_divide(a: Array, b: Array, out: Array) -> None:
@@ -707,7 +715,7 @@ def _trunc_divide(xp: ModuleType) -> Callable[..., None]:
             xp.subtract(a, xp.fmod(a, b), out)
             xp.floor_divide(out, b, out)
 
-    return trunc_divide
+    return _compiled_int32("trunc_divide", xp, trunc_divide)
 
 
 @builtin("mod", fusion=_numpy_only("mod"))
@@ -728,7 +736,7 @@ def _floor_mod(xp: ModuleType) -> Callable[..., None]:
             rem = xp.where(moved, rem + b, rem)
             xp.copyto(out, xp.where(rem == 0, xp.copysign(rem, b), rem))
 
-    return mod
+    return _compiled_int32("mod", xp, mod)
 
 
 @builtin("power_cast", flops=_TRANSCENDENTAL)
@@ -759,7 +767,7 @@ def _where(xp: ModuleType) -> Callable[..., None]:
 
     # one compiled select where numba is installed (the masked copy
     # branches on every element)
-    return _jitwhere.compiled_where(where) if xp is np else where
+    return _jitbroadcast.compiled_where(where) if xp is np else where
 
 
 def _variadic(ufunc: str) -> KernelFactory:
@@ -833,9 +841,14 @@ for _name, _func, _flops, _fusion in (
     ("bitwise_xor", "bitwise_xor", None, None),
     ("bitwise_not", "invert", None, None),
     ("fmod", "fmod", None, _numpy_only("fmod")),
-    ("floor_divide", "floor_divide", None, None),
 ):
     builtin(_name, flops=_flops, fusion=_fusion)(_quiet_ufunc(_func))
+
+
+@builtin("floor_divide")
+def _floor_divide(xp: ModuleType) -> Callable[..., None]:
+    return _compiled_int32("floor_divide", xp, _quiet_ufunc("floor_divide")(xp))
+
 
 # Variadic folds of a ufunc: name, ufunc, fusion.
 for _name, _func, _fusion in (

@@ -354,3 +354,44 @@ def test_softmax_in_blocks_of_rows_equals_its_definition(monkeypatch: Any) -> No
     keep = ~np.isnan(want)
     np.testing.assert_allclose(out[keep], want[keep], rtol=1e-5, atol=1e-7)
     assert not np.isnan(np.delete(out.reshape(-1, 16), 2 * 7 + 5, axis=0)).any()
+
+
+def _c_division(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C's truncating integer division, in Python integers (0 for / 0)."""
+    flat = [
+        0 if y == 0 else abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+        for x, y in zip(a.reshape(-1).tolist(), b.reshape(-1).tolist(), strict=True)
+    ]
+    return np.array(flat, np.int64).astype(np.int32).reshape(a.shape)
+
+
+@pytest.mark.parametrize("name", ["trunc_divide", "floor_divide", "mod"])
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"),
+    [((3, 4000), (3, 4000)), ((3, 4000), ()), ((7, 5), (5,))],
+    ids=str,
+)
+def test_int32_division_equals_numpys(
+    name: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]
+) -> None:
+    # The float64 quotient truncated or floored: numpy's integers exactly,
+    # zero divisors (0), INT_MIN / -1 (wraps) and every sign included.
+    rng = np.random.default_rng(12)
+    low, high = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+    a = rng.integers(low, high, a_shape, dtype=np.int32, endpoint=True)
+    b = rng.integers(-50, 50, b_shape, dtype=np.int32, endpoint=True)
+    a.reshape(-1)[:6] = [low, low, high, -7, 7, 0]
+    if b.ndim and b.size > 6:
+        b.reshape(-1)[:6] = [-1, 0, -1, 2, -2, 0]
+        b.reshape(-1)[6:20] = rng.integers(low, high, 14, dtype=np.int32)
+    out = np.full(np.broadcast_shapes(a_shape, b_shape), 9, np.int32)
+    _run(_kernel(name), a, b, out)
+    wide_a, wide_b = np.broadcast_arrays(a, b)
+    with np.errstate(all="ignore"):
+        if name == "trunc_divide":
+            want = _c_division(wide_a, wide_b)
+        elif name == "floor_divide":
+            want = np.floor_divide(a, b)
+        else:
+            want = np.remainder(a, b)
+    np.testing.assert_array_equal(out, want)
