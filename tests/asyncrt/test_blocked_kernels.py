@@ -395,3 +395,30 @@ def test_int32_division_equals_numpys(
         else:
             want = np.remainder(a, b)
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (2, 4, 30, 70)], ids=str)
+@pytest.mark.parametrize("compiled", [True, False])
+def test_instance_norm_equals_its_definition(
+    shape: tuple[int, ...], compiled: bool, monkeypatch: Any
+) -> None:
+    # One compiled loop per plane (its channel's scale and shift) or the
+    # passes: within float32 rounding, a NaN confined to its plane.
+    from asyncrt.ops import _jit
+
+    if compiled and not _jit.available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(_jit, "enabled", compiled)
+    rng = np.random.default_rng(13)
+    x = (rng.standard_normal(shape) * 3 + 2).astype(np.float32)
+    x[1, 2].reshape(-1)[0] = np.nan
+    scale, shift = rng.standard_normal((2, shape[1])).astype(np.float32)
+    out = np.empty_like(x)
+    _run(_kernel("instance_norm", {"epsilon": 1e-5}), x, scale, shift, out)
+    wide = x.astype(F64).reshape(shape[0], shape[1], -1)
+    centred = wide - wide.mean(axis=2, keepdims=True)
+    std = np.sqrt((centred**2).mean(axis=2, keepdims=True) + 1e-5)
+    want = (centred / std * scale[:, None] + shift[:, None]).reshape(shape)
+    assert np.isnan(out[1, 2]).all()
+    out[1, 2] = want[1, 2] = 0
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
