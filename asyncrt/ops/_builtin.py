@@ -31,7 +31,7 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from ..runtime import _threads
-from . import _blocks, _jitbroadcast, _jitfuse
+from . import _blocks, _jitbroadcast, _jitcast, _jitfuse
 from ._kernels import Bindable, FlopsFunction
 from ._library import FusionTemplate, builtin
 
@@ -756,7 +756,12 @@ def _cast(xp: ModuleType) -> Callable[..., None]:
         with _quiet(xp):  # NaN or out-of-range to int: undefined, not an error
             out[...] = a
 
-    return cast
+    def bind(a: Array, out: Array) -> Callable[[], None]:
+        # float32 -> float16 compiled (numpy's is scalar software), bit for bit
+        half = _jitcast.bind_float32_to_half(a, out) if xp is np else None
+        return half or functools.partial(cast, a, out)
+
+    return Bindable(cast, bind)
 
 
 @builtin("where")
