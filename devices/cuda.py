@@ -44,8 +44,9 @@ __all__ = ("CUDADeviceAPI", "CUDAEventTimer", "CUDAStream")
 # else (a blocking copy) is synchronous. Private; never an ambient default.
 _worker_state = threading.local()
 
-# CUDA events whose completion died on the host-callback thread, where
-# destroying them is not permitted; stream threads destroy them.
+# CUDA events (and streams) whose owner died on the host-callback thread,
+# where destroying them is not permitted (cyclic garbage may be collected
+# there: any allocation can run the collector); stream threads destroy them.
 _retired_events = Graveyard()
 
 
@@ -73,6 +74,13 @@ class CUDAStream(Stream):
         with cupy.cuda.Device(device.index):
             self.cupy_stream = cupy.cuda.Stream(non_blocking=True)
         super().__init__(device)
+
+    def __del__(self) -> None:
+        # Collected on the callback thread (in a cycle: the collector runs
+        # wherever an allocation triggers it), the cupy stream would be
+        # destroyed there: cudaErrorNotPermitted. Keep it for a stream thread.
+        if _retired_events.on_callback_thread:
+            _retired_events.keep(self.cupy_stream)
 
     def _on_thread_start(self) -> None:
         cupy.cuda.Device(self.device.index).use()

@@ -83,3 +83,28 @@ def test_dlpack_both_ways_zero_copy() -> None:
 def test_out_of_memory_is_clear() -> None:
     with pytest.raises(devices.errors.OutOfMemoryError, match="cuda:0"):
         devices.empty((1 << 38,), "float32", GPU)
+
+
+def test_a_stream_dying_on_the_callback_thread_is_destroyed_later() -> None:
+    # A stream's last reference may go on the host-callback thread (cyclic
+    # garbage is collected wherever an allocation runs the collector), where
+    # cudaStreamDestroy is not permitted: it showed as an unraisable
+    # CUDARuntimeError from cupy's Stream.__del__, which pytest reports as
+    # a failure. The cupy stream waits in the graveyard for a stream thread.
+    from devices import cuda
+
+    api = devices.get_api("cuda")
+    doomed = [api.create_stream(GPU)]
+    api.free_stream(doomed[0])  # the api lets go of it
+    kept_before = len(cuda._retired_events)
+
+    def on_callback_thread(_: object) -> None:
+        cuda._retired_events.mark_callback_thread()
+        doomed.pop()  # the last reference goes here
+
+    runner = cupy.cuda.Stream(non_blocking=True)
+    runner.launch_host_func(on_callback_thread, None)
+    runner.synchronize()
+    assert not doomed
+    assert len(cuda._retired_events) > kept_before  # kept, not destroyed there
+    cuda._retired_events.drain()  # an ordinary thread destroys it
