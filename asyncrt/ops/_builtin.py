@@ -509,9 +509,10 @@ def _quiet_ufunc(ufunc: str) -> KernelFactory:
 SCIPY_SMALL_FLOAT32 = 1024
 
 
-# Compiled, erf is bind_erf_float32's arithmetic (float32 only): the
-# library's own erf of arrays over SCIPY_SMALL_FLOAT32 elements, bit for bit.
-_ERF = FusionTemplate("erf", jit="erf_({0})", jit_exact_from=SCIPY_SMALL_FLOAT32 + 1)
+# Compiled, erf is bind_erf_float32's arithmetic (float32 only), and where
+# numba is installed the library's erf of every float32 array is that loop:
+# bit for bit at any size.
+_ERF = FusionTemplate("erf", jit="erf_({0})")
 
 
 @builtin("erf", flops=_TRANSCENDENTAL, fusion=_ERF)
@@ -546,8 +547,10 @@ def make_erf(xp: ModuleType) -> Bindable:
     kernel = Bindable(erf, bind)
     if xp is not np:
         return kernel
-    # The same polynomial in one compiled pass, where numba is installed.
-    return _jitfuse.compiled_unary(_ERF, kernel, SCIPY_SMALL_FLOAT32 + 1)
+    # The same polynomial in one compiled pass, where numba is installed, at
+    # every size: one call costs less than scipy's double erf from a few
+    # elements on (1024: 0.8 against 6.6 us).
+    return _jitfuse.compiled_unary(_ERF, kernel)
 
 
 # Eigen's float32 erf (``generic_fast_erf_float``, as TensorFlow and XLA use

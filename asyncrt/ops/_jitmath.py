@@ -16,9 +16,9 @@ no branch that is not a select), without fast-math:
   a larger share of the result).
 * ``erf_``: Eigen's float32 ``erf``, the rational approximation of
   :func:`asyncrt.ops._builtin.bind_erf_float32` with the same operations in
-  the same order, so bit for bit the library's ``erf`` of float32 arrays of
-  more than ``SCIPY_SMALL_FLOAT32`` elements (smaller ones take scipy's,
-  within 4.5e-7 of it).
+  the same order, so bit for bit the library's ``erf`` of float32 arrays
+  (with numba, every size is this loop; without it, arrays of up to
+  ``SCIPY_SMALL_FLOAT32`` elements take scipy's, within 4.5e-7 of it).
 * ``tanh_``: Eigen's float32 rational approximation
   (``generic_fast_tanh_float``): within 7 ulps of the true tanh and 6 of
   numpy's (3.9e-7 relative; numpy's own is within 1.4 ulps), odd, NaN in,
