@@ -637,7 +637,12 @@ def _softplus_passes(xp: ModuleType, a: Array, out: Array, scratch: Array) -> No
 
 @builtin("softplus", flops=_TRANSCENDENTAL, fusion=_numpy_only("softplus"))
 def _softplus(xp: ModuleType) -> Bindable:
-    return _blocks.blockwise(xp, functools.partial(_softplus_passes, xp), scratch=1)
+    kernel = _blocks.blockwise(xp, functools.partial(_softplus_passes, xp), scratch=1)
+    if xp is not np:
+        return kernel
+    return _blocks.around_transcendentals(
+        "(-abs({0}))", ("exp", "log1p"), "({1} + max_({0}, _ZERO))", kernel
+    )
 
 
 @builtin("softsign", fusion=_numpy_only("softsign"))
@@ -669,7 +674,14 @@ def _mish(xp: ModuleType) -> Bindable:
         with _quiet(xp):  # -inf x 0: NaN, as ONNX's formula gives
             xp.multiply(a, out, out)
 
-    return _blocks.blockwise(xp, mish, scratch=1)
+    kernel = _blocks.blockwise(xp, mish, scratch=1)
+    if xp is not np:
+        return kernel
+    # the same operations in the same order, after numpy's exp
+    ratio = "((({1} + _F(2.0)) * {1}) / ((({1} + _F(2.0)) * {1}) + _F(2.0)))"
+    return _blocks.around_transcendentals(
+        "min_({0}, _F(20.0))", ("exp",), f"({{0}} * {ratio})", kernel
+    )
 
 
 _HARD_SWISH = FusionTemplate("hard_swish", jit="hswish_({0})")

@@ -29,10 +29,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from . import _jit
+from . import _jit, _jitmath
 from ._kernels import Bindable
 
-__all__ = ("compiled_integer_division", "compiled_where")
+__all__ = ("compiled_float32", "compiled_integer_division", "compiled_where")
 
 Array = Any
 Role = Literal["full", "tile", "scalar"]
@@ -202,3 +202,14 @@ def compiled_integer_division(name: str, fallback: Callable[..., None]) -> Binda
         return all(x.dtype == np.int32 for x in (a, b, out))
 
     return _compiled(_INTEGER_EXPRESSIONS[name], accepts, fallback, _INTEGER_HELPERS)
+
+
+def compiled_float32(expression: str, fallback: Callable[..., None]) -> Bindable:
+    """``expression`` (over ``{0}``, ``{1}``, ...; the helpers of
+    :mod:`asyncrt.ops._jitmath` in scope) compiled for float32 arrays;
+    ``fallback`` for every other dtype."""
+
+    def accepts(*arrays: Array) -> bool:
+        return all(x.dtype == np.float32 for x in arrays)
+
+    return _compiled(expression, accepts, fallback, _jitmath.SOURCE)

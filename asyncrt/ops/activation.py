@@ -16,7 +16,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ._blocks import blockwise, negative_part, positive_part
+from ._blocks import around_transcendentals, blockwise, negative_part, positive_part
 from ._builtin import SCIPY_SMALL_FLOAT32, make_erf
 from ._common import Array, choice, flag, number, quiet
 from ._jitfuse import compiled_unary
@@ -78,7 +78,12 @@ def _elu(xp: ModuleType, attrs: Attrs) -> Bindable:
         if gamma != 1:
             xp.multiply(out, gamma, out, casting="unsafe")
 
-    return blockwise(xp, elu, scratch=1)
+    kernel = blockwise(xp, elu, scratch=1)
+    if xp is not np:
+        return kernel
+    scale = "" if gamma == 1 else f" * {_float32(gamma)}"
+    select = f"(({{0}} if {{0}} > _ZERO else {{1}} * {_float32(alpha)}){scale})"
+    return around_transcendentals("min_({0}, _ZERO)", ("expm1",), select, kernel)
 
 
 @define("celu")
@@ -95,7 +100,13 @@ def _celu(xp: ModuleType, attrs: Attrs) -> Bindable:
         positive_part(xp, a, scratch)
         xp.add(out, scratch, out)
 
-    return blockwise(xp, celu, scratch=1)
+    kernel = blockwise(xp, celu, scratch=1)
+    if xp is not np:
+        return kernel
+    select = f"({{0}} if {{0}} > _ZERO else {{1}} * {_float32(alpha)})"
+    return around_transcendentals(
+        f"({{0}} / {_float32(alpha)})", ("expm1",), select, kernel
+    )
 
 
 def _hard_sigmoid_fusion(attrs: Attrs) -> FusionTemplate:
