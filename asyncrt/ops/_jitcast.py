@@ -50,8 +50,11 @@ def _half_bits(
     src: Any, dst: Any, first: int, last: int
 ) -> None:  # pragma: no cover - compiled by numba
     u32 = np.uint32
-    for i in range(first, last):
-        f = u32(src[i])
+    # slices, then unsigned indices from 0: numba wraps negative signed
+    # indices, which stops LLVM vectorising (2.6x slower here)
+    source, target = src[first:last], dst[first:last]
+    for i in range(np.uint64(last - first)):
+        f = u32(source[i])
         sign = (f >> u32(16)) & u32(0x8000)
         exponent = f & u32(0x7F800000)
         significand = f & u32(0x007FFFFF)
@@ -74,4 +77,4 @@ def _half_bits(
         low = small if exponent >= u32(0x33000000) else u32(0)
         middle = normal if exponent > u32(0x38000000) else low
         result = huge if exponent >= u32(0x47800000) else middle
-        dst[i] = np.uint16(sign + result)
+        target[i] = np.uint16(sign + result)

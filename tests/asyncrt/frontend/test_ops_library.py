@@ -341,6 +341,19 @@ BOUND = [
     ("gelu", {"approximate": "none"}, [(40, 80)], (40, 80)),
     ("gelu", {"approximate": "none"}, [(300, 300)], (300, 300)),  # 2 erf blocks
     ("gelu", {"approximate": "tanh"}, [(4, 8)], (4, 8)),
+    ("reduce", {"kind": "mean", "axes": [2], "keepdims": True}, [(2, 3, 7)], (2, 3, 1)),
+    ("reduce", {"kind": "sum", "axes": [0, 2], "keepdims": False}, [(2, 3, 7)], (3,)),
+    ("reduce", {"kind": "max", "axes": [1], "keepdims": False}, [(2, 3, 7)], (2, 7)),
+    ("reduce", {"kind": "min", "axes": None, "keepdims": True}, [(2, 3, 7)], (1, 1, 1)),
+    ("reduce", {"kind": "l2", "axes": [2], "keepdims": True}, [(2, 3, 7)], (2, 3, 1)),
+    ("elu", {"alpha": 0.5, "gamma": 1.0}, [(70, 1000)], (70, 1000)),  # 2 blocks
+    (
+        "cumsum",
+        {"axis": 1, "exclusive": True, "reverse": True},
+        [(3, 9, 70)],
+        (3, 9, 70),
+    ),
+    ("instance_norm", {"epsilon": 1e-5}, [(2, 3, 40), (3,), (3,)], (2, 3, 40)),
 ]
 
 
