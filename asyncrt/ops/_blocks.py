@@ -142,14 +142,7 @@ def around_transcendentals(
     calls = tuple(getattr(np, name) for name in functions)
 
     def bind(a: Array, out: Array) -> Callable[[], None]:
-        if (
-            not _jit.available()
-            or a.dtype != np.float32
-            or out.dtype != np.float32
-            or a.shape != out.shape
-            or not out.size
-            or not (a.flags.c_contiguous and out.flags.c_contiguous)
-        ):
+        if not _jit.takes_pair(a, out, "float32", "float32"):
             return fallback.bind(a, out)
         # Block by block, through a scratch block: the last pass must not
         # read what it writes (aliased, LLVM keeps the select a branch:

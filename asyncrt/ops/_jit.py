@@ -65,6 +65,7 @@ __all__ = (
     "compile_source",
     "enabled",
     "specialise",
+    "takes_pair",
 )
 
 #: Whether compiled kernels are used where numba is installed (tests clear
@@ -83,6 +84,22 @@ def _installed() -> bool:
 def available() -> bool:
     """Whether kernels may compile: numba is installed and :data:`enabled`."""
     return enabled and _installed()
+
+
+def takes_pair(a: Any, out: Any, dtype: str, out_dtype: str, min_size: int = 1) -> bool:
+    """Whether a compiled elementwise loop from ``a`` to ``out`` applies:
+    kernels may compile, ``a`` and ``out`` have these dtypes and one shape,
+    at least ``min_size`` elements, and are both C-contiguous (flat views
+    of them are the arrays themselves)."""
+    return bool(
+        available()
+        and a.dtype.name == dtype
+        and out.dtype.name == out_dtype
+        and a.shape == out.shape
+        and a.size >= max(min_size, 1)
+        and a.flags.c_contiguous
+        and out.flags.c_contiguous
+    )
 
 
 @functools.cache

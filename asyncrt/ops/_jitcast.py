@@ -32,14 +32,7 @@ def bind_float32_to_half(a: Array, out: Array) -> Callable[[], None] | None:
     """``out[...] = a`` for float32 ``a`` and float16 ``out`` of one shape,
     both C-contiguous, as a compiled call; ``None`` for anything else or
     without numba."""
-    if (
-        not _jit.available()
-        or a.dtype != np.float32
-        or out.dtype != np.float16
-        or a.shape != out.shape
-        or not a.size
-        or not (a.flags.c_contiguous and out.flags.c_contiguous)
-    ):
+    if not _jit.takes_pair(a, out, "float32", "float16"):
         return None
     kernel = _jit.compile_kernel(_half_bits)
     bits = (a.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))

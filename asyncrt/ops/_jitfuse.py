@@ -276,14 +276,8 @@ def compiled_unary(
         return functools.partial(fallback, a, out)
 
     def bind(a: Array, out: Array) -> Callable[[], None]:
-        if (
-            expression is None
-            or not _jit.available()
-            or a.dtype.name != "float32"
-            or out.dtype.name != "float32"
-            or a.shape != out.shape
-            or a.size < max(min_size, 1)
-            or not (a.flags.c_contiguous and out.flags.c_contiguous)
+        if expression is None or not _jit.takes_pair(
+            a, out, "float32", "float32", min_size
         ):
             return plain(a, out)
         text = _unary_source(expression)
