@@ -860,9 +860,15 @@ for _name, _func, _flops, _fusion in (
     ("bitwise_or", "bitwise_or", None, None),
     ("bitwise_xor", "bitwise_xor", None, None),
     ("bitwise_not", "invert", None, None),
-    ("fmod", "fmod", None, _numpy_only("fmod")),
 ):
     builtin(_name, flops=_flops, fusion=_fusion)(_quiet_ufunc(_func))
+
+
+@builtin("fmod", fusion=_numpy_only("fmod"))
+def _fmod(xp: ModuleType) -> Callable[..., None]:
+    kernel = _quiet_ufunc("fmod")(xp)
+    # float32 compiled where numba is installed, bit for bit numpy's
+    return _jitbroadcast.compiled_fmod(kernel) if xp is np else kernel
 
 
 @builtin("floor_divide")

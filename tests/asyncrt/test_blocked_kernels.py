@@ -456,3 +456,38 @@ def test_float32_to_float16_bits_equal_numpys() -> None:
     with np.errstate(all="ignore"):
         want = a.astype(np.float16)
     np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("divisor", ["whole", "scalar"])
+def test_float32_fmod_equals_numpys_bit_for_bit(divisor: str) -> None:
+    # The float64 quotient's remainder where it is exact, libm's fmodf for
+    # the rest: numpy's bits on random bit patterns (huge quotients, NaN,
+    # infinities, zeros), quotients one ulp from integers, every special pair.
+    rng = np.random.default_rng(14)
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    b = rng.uniform(0.1, 10, 50_000).astype(np.float32)
+    multiples = (rng.integers(-(2**24), 2**24, b.size).astype(np.float32) * b).astype(
+        np.float32
+    )
+    near = [
+        multiples,
+        *(np.nextafter(multiples, np.float32(d)) for d in (np.inf, -np.inf)),
+    ]
+    specials = np.array(
+        [0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4e38, 1, -1], np.float32
+    )
+    a_special, b_special = (m.ravel() for m in np.meshgrid(specials, specials))
+    a = np.concatenate([bits.view(np.float32), *near, a_special])
+    if divisor == "whole":
+        other = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+        d = np.concatenate([other.view(np.float32), b, b, b, b_special])
+    else:
+        d = np.array(0.37, np.float32)
+    out = np.empty(a.shape, np.float32)
+    _run(_kernel("fmod"), a, d, out)
+    with np.errstate(all="ignore"):
+        want = np.fmod(a, d)
+    same = (out.view(np.uint32) == want.view(np.uint32)) | (
+        np.isnan(out) & np.isnan(want)
+    )
+    assert same.all(), np.flatnonzero(~same)[:5]
