@@ -13,6 +13,8 @@ import functools
 from collections.abc import Callable
 from types import ModuleType
 
+import numpy as np
+
 from ._common import Array, calculable, choice, flag, integer, ints, number, quiet
 from ._kernels import Bindable
 from ._library import Attrs, define
@@ -106,9 +108,28 @@ def _gather(xp: ModuleType, attrs: Attrs) -> Kernel:
     axis = integer(attrs, "axis")
 
     def gather(a: Array, indices: Array, out: Array) -> None:
-        xp.take(a, indices, axis=axis, out=out)
+        if xp is not np or indices.size <= GATHER_CHECKED_MIN:
+            xp.take(a, indices, axis=axis, out=out)
+            return
+        # numpy buffers ``out`` where it checks the indices itself
+        # (mode="raise"): checked here, the rows go straight to ``out``
+        # (16 x 512 rows of a 30522 x 768 table: 6.5 -> 2.4 ms).
+        size = a.shape[axis]
+        low, high = int(indices.min()), int(indices.max())
+        if low < -size or high >= size:
+            bad = low if low < -size else high
+            raise IndexError(
+                f"index {bad} is out of bounds for axis {axis} with size {size}"
+            )
+        np.take(a, indices, axis=axis, out=out, mode="wrap")
 
     return gather
+
+
+#: Gathers of more indices than this check them once and copy unbuffered;
+#: fewer take numpy's checked (buffered) path, which costs less than the
+#: two reductions there.
+GATHER_CHECKED_MIN = 64
 
 
 @define("gather_elements")

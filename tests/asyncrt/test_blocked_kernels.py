@@ -491,3 +491,20 @@ def test_float32_fmod_equals_numpys_bit_for_bit(divisor: str) -> None:
         np.isnan(out) & np.isnan(want)
     )
     assert same.all(), np.flatnonzero(~same)[:5]
+
+
+@pytest.mark.parametrize("count", [10, 500])
+def test_gather_checks_its_indices_once_and_copies_rows(count: int) -> None:
+    # Many indices: checked here, then numpy's unbuffered copy (negative
+    # ones count from the end); an index out of range raises on both paths.
+    rng = np.random.default_rng(15)
+    table = rng.standard_normal((50, 8)).astype(np.float32)
+    ids = rng.integers(-50, 50, count)
+    out = np.empty((count, 8), np.float32)
+    kernel = _kernel("gather", {"axis": 0})
+    _run(kernel, table, ids, out)
+    np.testing.assert_array_equal(out, table[ids])
+    for bad in (50, -51):
+        ids[count // 2] = bad
+        with pytest.raises(IndexError, match=f"index {bad} is out of bounds"):
+            _run(kernel, table, ids, out)
