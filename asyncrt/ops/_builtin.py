@@ -32,6 +32,7 @@ from scheduler.dag import TensorSpec
 
 from ..runtime import _threads
 from . import _blocks, _jitbroadcast, _jitcast, _jitfuse
+from ._common import in_turn
 from ._kernels import Bindable, FlopsFunction
 from ._library import FusionTemplate, builtin
 
@@ -308,18 +309,12 @@ def _softmax_row_blocks(
     flat: np.ndarray[Any, Any], rows: np.ndarray[Any, Any], step: int
 ) -> Callable[[], None]:
     """:func:`_bind_softmax_rows` over blocks of ``step`` rows, in turn."""
-    blocks = [
-        _bind_softmax_rows(flat[i : i + step], rows[i : i + step])
-        for i in range(0, max(flat.shape[0], 1), step)
-    ]
-    if len(blocks) == 1:
-        return blocks[0]
-
-    def softmax() -> None:
-        for block in blocks:
-            block()
-
-    return softmax
+    return in_turn(
+        [
+            _bind_softmax_rows(flat[i : i + step], rows[i : i + step])
+            for i in range(0, max(flat.shape[0], 1), step)
+        ]
+    )
 
 
 def _bind_softmax_rows(

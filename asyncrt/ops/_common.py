@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -22,6 +22,7 @@ __all__ = (
     "calculable",
     "choice",
     "flag",
+    "in_turn",
     "integer",
     "ints",
     "number",
@@ -179,3 +180,16 @@ def choice(attrs: Attrs, key: str, options: Sequence[str]) -> str:
     if value not in options:
         raise ValueError(f"attribute {key!r} must be one of {list(options)}: {value!r}")
     return str(value)
+
+
+def in_turn(calls: Sequence[Callable[[], None]]) -> Callable[[], None]:
+    """``calls`` one after another, as one call (the only one, itself):
+    a bound kernel's blocks."""
+    if len(calls) == 1:
+        return calls[0]
+
+    def run() -> None:
+        for call in calls:
+            call()
+
+    return run

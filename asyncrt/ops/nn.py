@@ -35,13 +35,14 @@ from scheduler.dag import TensorSpec
 
 from ..runtime import _threads
 from . import _blocks, _common, _depthwise, _epijit, _jit, _scratch
-from ._builtin import ones_vector
+from ._builtin import SOFTMAX_SPLIT_ELEMENTS, ones_vector
 from ._common import (
     Array,
     add_bias_relu,
     all_finite,
     choice,
     flag,
+    in_turn,
     integer,
     ints,
     number,
@@ -722,11 +723,6 @@ def _compiled_layer_norm(
     return _epijit.bind_rows(_epijit.loop("layer_norm"), row_arrays, x.shape[0], width)
 
 
-#: Layer norm rows are split over the kernel threads from this many
-#: elements, as softmax's (a hand-off costs about 50 us).
-ROW_SPLIT_ELEMENTS = 1 << 18
-
-
 @define("layer_norm")
 def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
     axis = integer(attrs, "axis")
@@ -769,56 +765,46 @@ def _layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
         rowwise = xp is np and all(
             t is None or t.size in (1, width) for t in (scale, bias)
         )
-        compiled = (
+        rows_normalised = (
             _compiled_layer_norm(flat, scale, bias, centred, mean, inv, epsilon)
             if rowwise
             else None
         )
-        if compiled is not None:
+        if rows_normalised is None:
+            block = max(1, _blocks.BLOCK // width) if rowwise else rows
+            per_row = (
+                (scale.reshape(-1), None if bias is None else bias.reshape(-1))
+                if rowwise
+                else (scale, bias)
+            )
 
-            def normalise_compiled() -> None:
-                compiled()
-                for value, target in kept:
-                    copyto(target, value)
-
-            return normalise_compiled
-        block = max(1, _blocks.BLOCK // width) if rowwise else rows
-        per_row = (
-            (scale.reshape(-1), None if bias is None else bias.reshape(-1))
-            if rowwise
-            else (scale, bias)
-        )
-
-        def normaliser(first: int, last: int) -> Callable[[], None]:
-            steps = [
-                _row_normaliser(
-                    xp,
-                    flat[i : min(i + block, last)],
-                    centred[i : min(i + block, last)] if rowwise else y,
-                    mean[i : min(i + block, last)],
-                    inv[i : min(i + block, last)],
-                    ones,
-                    epsilon,
-                    *per_row,
+            def normaliser(first: int, last: int) -> Callable[[], None]:
+                return in_turn(
+                    [
+                        _row_normaliser(
+                            xp,
+                            flat[i : min(i + block, last)],
+                            centred[i : min(i + block, last)] if rowwise else y,
+                            mean[i : min(i + block, last)],
+                            inv[i : min(i + block, last)],
+                            ones,
+                            epsilon,
+                            *per_row,
+                        )
+                        for i in range(first, last, block)
+                    ]
                 )
-                for i in range(first, last, block)
-            ]
 
-            def run() -> None:
-                for step in steps:
-                    step()
-
-            return run
-
-        shares = (
-            _threads.shares(rows, x.size // ROW_SPLIT_ELEMENTS)
-            if rowwise
-            else [(0, rows)]
-        )
-        parts = [normaliser(first, last) for first, last in shares]
+            shares = (
+                _threads.shares(rows, x.size // SOFTMAX_SPLIT_ELEMENTS)
+                if rowwise
+                else [(0, rows)]
+            )
+            parts = [normaliser(first, last) for first, last in shares]
+            rows_normalised = functools.partial(_threads.run_parts, parts)
 
         def normalise() -> None:
-            _threads.run_parts(parts)
+            rows_normalised()
             for value, target in kept:
                 copyto(target, value)
 
