@@ -581,12 +581,8 @@ def erf_float32(xp: ModuleType, a: Array, out: Array) -> None:
     bind_erf_float32(xp, a, out)()
 
 
-#: Elements per block of :func:`bind_erf_float32` (see :mod:`._blocks`).
-ERF_BLOCK = _blocks.BLOCK
-
-
 def bind_erf_float32(
-    xp: ModuleType, a: Array, out: Array, block: int = ERF_BLOCK
+    xp: ModuleType, a: Array, out: Array, block: int = _blocks.BLOCK
 ) -> Callable[[], None]:
     """:func:`erf_float32` bound to these arrays, block by block over
     contiguous ones (:func:`asyncrt.ops._blocks.bind_blocks`): its three

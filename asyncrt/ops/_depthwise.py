@@ -335,8 +335,8 @@ def _bind_planes(
 
 
 def pools(xp: ModuleType, x: Array, out: Array) -> bool:
-    """Whether a 2-D max pooling of these arrays compiles on the planar
-    loop: as :func:`takes`, with outputs at least
+    """Whether a 2-D pooling (max or average) of these arrays compiles on
+    the planar loop: as :func:`takes`, with outputs at least
     :data:`PLANAR_MIN_WIDTH` wide."""
     return bool(
         xp is np
