@@ -348,7 +348,11 @@ class GraphModule:
         self._core.set_inputs(values)
 
     def get_input(self, key: int | str) -> NDArray:
-        """The executor's own input array (TVM's ``get_input``).
+        """The executor's own input array (TVM's ``get_input``). For a
+        parameter it is the parameter itself: change it through
+        :meth:`set_input` or :meth:`load_params`, not by writing into it
+        (kernels may have packed it when they were bound, as TVM's
+        compiled modules fold parameters in).
 
         :raises InputError: for an unknown name or index.
         """

@@ -59,7 +59,7 @@ plain ones; without one, nothing on the run path changes.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,19 +108,37 @@ class Bindable:
     :param call: the kernel, ``call(*arrays)``.
     :param binder: ``binder(*arrays)`` -> a call without arguments doing
         what ``call(*arrays)`` does, on those same arrays every time.
+    :param takes_constant: whether ``binder`` also takes ``constant=``, the
+        positions of the arrays whose *values* stay as they are at binding
+        for the binding's life (parameters: an executor whose parameters
+        change binds its programs again), so it may pack them once (a
+        convolution's transformed weights).
     """
 
-    __slots__ = ("_binder", "_call")
+    __slots__ = ("_binder", "_call", "_takes_constant")
 
-    def __init__(self, call: Kernel, binder: Callable[..., Callable[[], None]]) -> None:
+    def __init__(
+        self,
+        call: Kernel,
+        binder: Callable[..., Callable[[], None]],
+        *,
+        takes_constant: bool = False,
+    ) -> None:
         self._call = call
         self._binder = binder
+        self._takes_constant = takes_constant
 
     def __call__(self, *arrays: Any) -> None:
         self._call(*arrays)
 
-    def bind(self, *arrays: Any) -> Callable[[], None]:
-        """The kernel bound to ``arrays`` (the caller keeps them alive)."""
+    def bind(
+        self, *arrays: Any, constant: frozenset[int] = frozenset()
+    ) -> Callable[[], None]:
+        """The kernel bound to ``arrays`` (the caller keeps them alive);
+        ``constant``: positions of arrays whose values never change while
+        the binding lives."""
+        if self._takes_constant:
+            return self._binder(*arrays, constant=constant)
         return self._binder(*arrays)
 
 
@@ -227,6 +245,9 @@ class Program:
     :param external: the arrays of the plan's external tensors (graph inputs
         and parameters), by entry.
     :param tracer: records every run's spans (see :meth:`set_tracer`).
+    :param constant: external tensors whose values stay as they are for the
+        program's life (parameters): kernels may pack them when bound
+        (:class:`Bindable`).
     :raises ValueError: if an external tensor is missing or misplaced.
     """
 
@@ -237,8 +258,10 @@ class Program:
         external: Mapping[Entry, NDArray],
         *,
         tracer: TraceRecorder | None = None,
+        constant: Collection[Entry] = (),
     ) -> None:
         self.plan = plan
+        self._constant = frozenset(constant)
         self._arenas: list[NDArray] = []
         self._streams: list[Stream] = []
         self._closed = False
@@ -402,8 +425,11 @@ class Program:
         # A kernel that binds to its arrays does its per-array work once,
         # here: this program's arrays are the same for every run.
         if isinstance(kernel, Bindable):
+            constant = frozenset(
+                i for i, entry in enumerate(step.args) if entry in self._constant
+            )
             try:
-                return kernel.bind(*arrays), ()
+                return kernel.bind(*arrays, constant=constant), ()
             except Exception as exc:  # as a failing call would: name the node
                 raise self._node_error(step, stream, exc) from exc
         return kernel, arrays

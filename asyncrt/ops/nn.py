@@ -1,7 +1,10 @@
 """Convolution, pooling and normalisation.
 
 Convolution is im2col plus one batched BLAS matmul that writes the
-planned output, in one of three ways:
+planned output, in one of three ways, but for bound 3 x 3 stride-1
+convolutions of enough channels and tiles, which run Winograd's F(2 x 2,
+3 x 3): 16 GEMMs of transformed tiles, the weights transformed once where
+they are parameters (:mod:`asyncrt.ops._winograd`):
 
 * depthwise convolutions (one input and one output channel per group)
   take a compiled kernel of their own where numba is installed
@@ -34,7 +37,7 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from ..runtime import _threads
-from . import _blocks, _common, _depthwise, _epijit, _jit, _scratch
+from . import _blocks, _common, _depthwise, _epijit, _jit, _scratch, _winograd
 from ._builtin import SOFTMAX_SPLIT_ELEMENTS, ones_vector
 from ._common import (
     Array,
@@ -207,10 +210,27 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             relu=relu,
         )
 
-    def bind(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
+    def bind(
+        x: Array, w: Array, *rest: Array, constant: frozenset[int] = frozenset()
+    ) -> Callable[[], None]:
         out = rest[-1]
         if out.size and _depthwise.takes(xp, x, w, out, group):
             return depthwise(x, w, *rest)
+        if out.size and _winograd.takes(
+            xp, x, w, out, group, geometry.strides, geometry.dilations
+        ):
+            fast = _winograd.bind_winograd(
+                x,
+                w,
+                rest[0] if has_bias else None,
+                out,
+                geometry.padding(x.shape[2:], out.shape[2:])[0],
+                relu=relu,
+                constant_weights=1 in constant,
+                exact=functools.partial(conv, x, w, *rest),
+            )
+            if fast is not None:
+                return fast
         if out.size and w.size and x.dtype != np.float16:
             gathered = strided(x, w, *rest)
             if gathered is not None:
@@ -233,7 +253,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             )
         return bound or functools.partial(conv, x, w, *rest)
 
-    return Bindable(conv, bind)
+    return Bindable(conv, bind, takes_constant=True)
 
 
 def _depthwise_taps(xp: ModuleType, view: Array, w: Array, out: Array) -> None:

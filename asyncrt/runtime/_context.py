@@ -98,7 +98,9 @@ class RunContext:
                 self.inputs[entry] = empty(
                     spec.shape, spec.dtype, plan.storage[entry].device
                 )
-            self.program = Program(plan, kernels, {**self.inputs, **shared})
+            self.program = Program(
+                plan, kernels, {**self.inputs, **shared}, constant=shared.keys()
+            )
         except BaseException:
             self._free_inputs()
             raise

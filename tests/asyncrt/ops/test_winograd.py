@@ -1,0 +1,257 @@
+"""3 x 3 convolutions by Winograd's F(2 x 2, 3 x 3) against a float64
+reference: odd and even sizes, uneven and missing pads, batches in chunks,
+threads, bias and ReLU, weights packed once (parameters) or per call, kept
+or borrowed scratch; non-finite and huge inputs take the exact kernel; an
+executor whose parameters change sees the new weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from asyncrt import graph_executor
+from asyncrt.frontend import from_onnx
+from asyncrt.ops import _common, _im2col, _jit, _winograd, register_op_kernel
+from asyncrt.ops._kernels import global_namespace_func
+
+from .conv_reference import conv_reference
+from .single_node import node_model
+
+FLOAT = onnx.TensorProto.FLOAT
+pytestmark = pytest.mark.skipif(not _jit.available(), reason="numba not installed")
+
+CASES = [
+    # x shape, k, pads (begin h, w, end h, w)
+    ((1, 32, 12, 12), 32, [1, 1, 1, 1]),
+    ((2, 33, 7, 9), 40, [1, 1, 1, 1]),  # odd output sizes: cut tiles
+    ((3, 40, 10, 11), 33, [2, 0, 1, 2]),  # uneven pads
+    ((1, 32, 9, 8), 48, [0, 0, 0, 0]),  # no pads
+    ((2, 32, 5, 30), 32, [1, 1, 1, 1]),  # a wide, short plane
+]
+
+
+def _kernel(pads: list[int], bias: bool, relu: bool) -> Any:
+    attrs: dict[str, Any] = {
+        "kernel_shape": [3, 3],
+        "strides": [1, 1],
+        "dilations": [1, 1],
+        "pads": pads,
+        "auto_pad": "NOTSET",
+        "group": 1,
+        "bias": bias,
+    }
+    if relu:
+        attrs["activation"] = "relu"
+    kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
+    assert kernel is not None
+    return kernel
+
+
+def _reference(x: Any, w: Any, b: Any, pads: list[int], relu: bool) -> Any:
+    want = conv_reference(x, w, b, 1, [1, 1], pads, [1, 1])
+    return np.maximum(want, 0) if relu else want
+
+
+def close(out: Any, want: Any, tolerance: float = 1e-5) -> None:
+    """Equal within ``tolerance`` of the largest output's magnitude."""
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(out, want, rtol=tolerance, atol=tolerance * scale)
+
+
+@pytest.fixture
+def taken(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Records, for every binding, whether Winograd's kernel took it."""
+    seen: list[bool] = []
+    bind = _winograd.bind_winograd
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        call = bind(*args, **kwargs)
+        seen.append(call is not None)
+        return call
+
+    monkeypatch.setattr(_winograd, "bind_winograd", spy)
+    monkeypatch.setattr(_winograd, "MIN_TILES", 1)
+    monkeypatch.setattr(_winograd, "PER_CALL_MIN_TILES", 1)
+    return seen
+
+
+@pytest.mark.parametrize("layout", ["one chunk", "chunks", "threads", "borrowed"])
+@pytest.mark.parametrize("constant", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("xs", "k", "pads"), CASES)
+def test_winograd_matches_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+    taken: list[bool],
+    xs: tuple[int, ...],
+    k: int,
+    pads: list[int],
+    dtype: Any,
+    constant: bool,
+    layout: str,
+) -> None:
+    if layout == "chunks":  # one image per chunk
+        monkeypatch.setattr(_winograd, "CHUNK_BYTES", 1)
+    elif layout == "threads":
+        monkeypatch.setattr(_winograd, "MIN_WORK_PER_THREAD", 1)
+    elif layout == "borrowed":
+        monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", 0)
+    rng = np.random.default_rng(len(xs) + k)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal((k, xs[1], 3, 3)).astype(dtype)
+    b = rng.standard_normal(k).astype(dtype)
+    relu = bool(k % 2)
+    want = _reference(x, w, b, pads, relu)
+    out = np.full(want.shape, np.nan, dtype)
+    call = _kernel(pads, True, relu).bind(
+        x, w, b, out, constant=frozenset({1}) if constant else frozenset()
+    )
+    assert taken == [True]
+    call()
+    # Within float rounding of the outputs' magnitude (as BLAS's order).
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    close(out, want, tolerance)
+    # A bound call reads its arrays' values each time: the input always,
+    # the weights too where they are not constant.
+    x[...] = rng.standard_normal(xs)
+    if not constant:
+        w[...] = rng.standard_normal(w.shape)
+    out.fill(np.nan)
+    call()
+    close(out, _reference(x, w, b, pads, relu), tolerance)
+
+
+def test_without_bias_and_relu(taken: list[bool]) -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 32, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    out = np.empty((1, 32, 8, 8), np.float32)
+    _kernel([1, 1, 1, 1], False, False).bind(x, w, out, constant=frozenset({1}))()
+    assert taken == [True]
+    want = _reference(x, w, None, [1, 1, 1, 1], False)
+    close(out, want)
+
+
+@pytest.mark.parametrize(
+    "value", [np.inf, -np.inf, np.nan, 2.0**125, -1.5 * 2.0**125], ids=repr
+)
+@pytest.mark.parametrize("relu", [False, True])
+def test_non_finite_and_huge_inputs_take_the_exact_kernel(
+    taken: list[bool], value: float, relu: bool
+) -> None:
+    """The transforms would turn an infinity into NaN (inf - inf) and could
+    overflow on huge values: such calls give what im2col gives, bit for bit."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 32, 10, 10)).astype(np.float32)
+    x[0, 3, 4, 5] = value
+    w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    out = np.empty((1, 32, 10, 10), np.float32)
+    _kernel([1, 1, 1, 1], True, relu).bind(x, w, b, out, constant=frozenset({1}))()
+    assert taken == [True]
+    exact = np.empty_like(out)
+    _im2col.conv_stride1(np, x, w, b, exact, 1, (1, 1), (1, 1), relu=relu)
+    np.testing.assert_array_equal(out, exact)
+
+
+def test_packed_weights_are_shared_by_value() -> None:
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    first = _winograd.packed(w)
+    assert _winograd.packed(w.copy()) is first  # another context's copy
+    assert not first.flags.writeable
+    changed = w.copy()
+    changed[0, 0, 0, 0] += 1
+    assert _winograd.packed(changed) is not first
+
+
+def test_pack_is_g_w_g_transposed() -> None:
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((3, 2, 3, 3))
+    g = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+    want = np.einsum("ai,kcij,bj->abkc", g, w, g).reshape(16, 3, 2)
+    np.testing.assert_allclose(_winograd.pack(w), want, rtol=1e-14, atol=1e-14)
+
+
+def test_small_or_grouped_convolutions_are_not_taken() -> None:
+    x = np.zeros((1, 32, 8, 8), np.float32)
+    w = np.zeros((32, 32, 3, 3), np.float32)
+    out = np.zeros((1, 32, 8, 8), np.float32)
+    takes = _winograd.takes
+    assert takes(np, x, w, out, 1, (1, 1), (1, 1))
+    assert not takes(np, x, w, out, 1, (2, 2), (1, 1))
+    assert not takes(np, x, w, out, 1, (1, 1), (2, 2))
+    assert not takes(np, x, w[:, :16], out, 2, (1, 1), (1, 1))
+    small = np.zeros((1, 16, 8, 8), np.float32)
+    assert not takes(np, small, w[:, :16], out, 1, (1, 1), (1, 1))
+    assert not takes(np, x.astype(np.float16), w, out, 1, (1, 1), (1, 1))
+    # Too few tiles for the GEMMs to win (ResNet-18's 7 x 7 layers):
+    assert _winograd.MIN_TILES > 16
+    seven = np.zeros((1, 32, 7, 7), np.float32)
+    call = _winograd.bind_winograd(
+        seven,
+        w,
+        None,
+        seven.copy(),
+        (1, 1),
+        relu=False,
+        constant_weights=True,
+        exact=lambda: None,
+    )
+    assert call is None
+
+
+def _conv_model(c: int, k: int, size: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(11)
+    w = numpy_helper.from_array(
+        rng.standard_normal((k, c, 3, 3)).astype(np.float32), "w"
+    )
+    b = numpy_helper.from_array(rng.standard_normal(k).astype(np.float32), "b")
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])
+    relu = helper.make_node("Relu", ["y"], ["z"])
+    graph = helper.make_graph(
+        [node, relu],
+        "conv",
+        [helper.make_tensor_value_info("x", FLOAT, [1, c, size, size])],
+        [helper.make_tensor_value_info("z", FLOAT, [1, k, size, size])],
+        [w, b],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_executor_sees_parameters_that_change(taken: list[bool]) -> None:
+    """Parameters are packed when bound; setting one binds again, so a run
+    after it uses the new weights (never the packed old ones)."""
+    graph, params = from_onnx(_conv_model(32, 32, 12))
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 32, 12, 12)).astype(np.float32)
+    with graph_executor.create(graph, None, "cpu", params=params) as executor:
+        (first,) = executor.run_sync(x=x)
+        assert taken and all(taken)
+        w, b = np.asarray(params["w"]), np.asarray(params["b"])
+        want = np.maximum(conv_reference(x, w, b, 1, [1, 1], [1] * 4, [1, 1]), 0)
+        close(first, want)
+        new_w = rng.standard_normal(np.shape(w)).astype(np.float32)
+        executor.set_input("w", new_w)
+        (second,) = executor.run_sync(x=x)
+        want = np.maximum(conv_reference(x, new_w, b, 1, [1, 1], [1] * 4, [1, 1]), 0)
+        close(second, want)
+
+
+def test_weights_fed_as_inputs_are_transformed_each_run(taken: list[bool]) -> None:
+    """Weights that are graph inputs are not constant: each run packs the
+    ones it was given."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((1, 32, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    model = node_model("Conv", {"x": x, "w": w}, pads=[1, 1, 1, 1])
+    graph, params = from_onnx(model)
+    with graph_executor.create(graph, None, "cpu", params=params) as executor:
+        for _ in range(2):
+            w = rng.standard_normal(w.shape).astype(np.float32)
+            (y,) = executor.run_sync(x=x, w=w)
+            close(y, conv_reference(x, w, None, 1, [1, 1], [1] * 4, [1, 1]))
+    assert taken and all(taken)
