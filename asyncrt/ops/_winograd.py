@@ -277,6 +277,7 @@ def _tiles_out(  # pragma: no cover - compiled by numba
     columns: int,
     bias: Any,
     out: Any,
+    sums: Any,
     lines: Any,
     first: int,
     last: int,
@@ -284,60 +285,61 @@ def _tiles_out(  # pragma: no cover - compiled by numba
 ) -> None:
     """``out = A^T M A + bias`` (then ReLU, NaN kept as ``np.maximum``
     keeps it) for output channels ``first:last``, ``m`` laid out as
-    :func:`_tiles_in`'s ``v``; ``lines`` is this part's two rows of whole
-    tiles (an odd width's last column is cut there)."""
+    :func:`_tiles_in`'s ``v``. Each step is a loop over all of an
+    image's tiles with one store (LLVM vectorises a loop of one store
+    stream; sixteen it leaves scalar): ``sums`` (12 planes of ``tiles``)
+    takes ``A^T``'s two row sums of each column, then the four outputs of
+    each tile; ``lines`` (two of ``2 * tiles``) interleaves their columns
+    into the output's rows (an odd width's last column is cut there)."""
     images, _, height, width = out.shape
     tiles_w = np.uint64((width + 1) // 2)
     tiles = np.uint64((height + 1) // 2) * tiles_w
     s = np.uint64(step)
     one, two = np.uint64(1), np.uint64(2)
-    top = lines[0]
-    below = lines[1]
     for image in range(images):
         for k in range(first, last):
             shift = bias[k]
-            for ty in range(0, (height + 1) // 2):
-                base = np.uint64(k * columns) + np.uint64(image) * tiles
-                base += np.uint64(ty) * tiles_w
-                for tx in range(tiles_w):
-                    t = base + tx
-                    m4 = m[np.uint64(4) * s + t]
-                    m5 = m[np.uint64(5) * s + t]
-                    m6 = m[np.uint64(6) * s + t]
-                    m7 = m[np.uint64(7) * s + t]
-                    m8 = m[np.uint64(8) * s + t]
-                    m9 = m[np.uint64(9) * s + t]
-                    m10 = m[np.uint64(10) * s + t]
-                    m11 = m[np.uint64(11) * s + t]
-                    # A^T m: rows 0 + 1 + 2 and 1 - 2 - 3 of the 4 x 4 tile.
-                    s00 = m[t] + m4 + m8
-                    s01 = m[s + t] + m5 + m9
-                    s02 = m[np.uint64(2) * s + t] + m6 + m10
-                    s03 = m[np.uint64(3) * s + t] + m7 + m11
-                    s10 = m4 - m8 - m[np.uint64(12) * s + t]
-                    s11 = m5 - m9 - m[np.uint64(13) * s + t]
-                    s12 = m6 - m10 - m[np.uint64(14) * s + t]
-                    s13 = m7 - m11 - m[np.uint64(15) * s + t]
-                    o00 = s00 + s01 + s02 + shift
-                    o01 = s01 - s02 - s03 + shift
-                    o10 = s10 + s11 + s12 + shift
-                    o11 = s11 - s12 - s13 + shift
-                    if relu:
-                        o00 = 0 if o00 < 0 else o00
-                        o01 = 0 if o01 < 0 else o01
-                        o10 = 0 if o10 < 0 else o10
-                        o11 = 0 if o11 < 0 else o11
-                    j = two * tx
-                    top[j] = o00
-                    top[j + one] = o01
-                    below[j] = o10
-                    below[j + one] = o11
+            row = np.uint64(k * columns) + np.uint64(image) * tiles
+            for b in range(4):
+                # A^T on the left: rows 0 + 1 + 2 and 1 - 2 - 3, column b.
+                top = np.uint64(b) * tiles
+                low = np.uint64(b + 4) * tiles
+                m0 = np.uint64(b) * s + row
+                m4 = np.uint64(b + 4) * s + row
+                m8 = np.uint64(b + 8) * s + row
+                m12 = np.uint64(b + 12) * s + row
+                for t in range(tiles):
+                    sums[top + t] = m[m0 + t] + m[m4 + t] + m[m8 + t]
+                for t in range(tiles):
+                    sums[low + t] = m[m4 + t] - m[m8 + t] - m[m12 + t]
+            for dy in range(2):
+                # ... and A on the right: columns 0 + 1 + 2 and 1 - 2 - 3.
+                c0 = np.uint64(4 * dy) * tiles
+                c1 = c0 + tiles
+                c2 = c1 + tiles
+                c3 = c2 + tiles
+                even = np.uint64(8 + 2 * dy) * tiles
+                odd = even + tiles
+                for t in range(tiles):
+                    o = sums[c0 + t] + sums[c1 + t] + sums[c2 + t] + shift
+                    sums[even + t] = (0 if o < 0 else o) if relu else o
+                for t in range(tiles):
+                    o = sums[c1 + t] - sums[c2 + t] - sums[c3 + t] + shift
+                    sums[odd + t] = (0 if o < 0 else o) if relu else o
+                line = lines[dy]
+                for t in range(tiles):
+                    line[two * t] = sums[even + t]
+                    line[two * t + one] = sums[odd + t]
+            for ty in range((height + 1) // 2):
                 i = 2 * ty
+                at = two * np.uint64(ty) * tiles_w
+                top_line = lines[0]
                 for j in range(np.uint64(width)):
-                    out[image, k, i, j] = top[j]
+                    out[image, k, i, j] = top_line[at + j]
                 if i + 1 < height:
+                    below = lines[1]
                     for j in range(np.uint64(width)):
-                        out[image, k, i + 1, j] = below[j]
+                        out[image, k, i + 1, j] = below[at + j]
 
 
 def bind_winograd(
@@ -384,7 +386,8 @@ def bind_winograd(
     in_shares = _threads.shares(c, work // MIN_WORK_PER_THREAD)
     out_shares = _threads.shares(k, work // MIN_WORK_PER_THREAD)
     planes = np.zeros((len(in_shares), 2 * tiles_h + 2, 2 * tiles_w + 2), dtype)
-    lines = np.empty((len(out_shares), 2, 2 * tiles_w), dtype)
+    sums = np.empty((len(out_shares), 12 * tiles), dtype)
+    lines = np.empty((len(out_shares), 2, 2 * tiles), dtype)
     large = np.zeros((len(in_shares), 1), np.int64)
     unsigned = np.dtype(f"u{dtype.itemsize}")
     bits = x.view(unsigned)
@@ -421,9 +424,9 @@ def bind_winograd(
             )
             transform_out = _jit.bind_parts(
                 back,
-                (m_flat, m_step, columns, shift, out[images], lines),
+                (m_flat, m_step, columns, shift, out[images], sums, lines),
                 out_shares,
-                per_part=frozenset({5}),
+                per_part=frozenset({5, 6}),
                 trailing=(relu,),
             )
             made.append((transform_in, _bound_matmul(matmul, u, v, m), transform_out))
