@@ -8,11 +8,14 @@ First the machine: its memory bandwidth (a copy of 64 MiB, bytes read
 plus written) and its sgemm peak (numpy's matmul, 1024 x 1024 x 1024 and
 a transformer projection, the best). Then each case: a library kernel
 (built-in by name, configured by its attributes), bound to its arrays as the
-dispatcher binds it, timed alone (median of ``--runs``). Its floor is the
+dispatcher binds it (a convolution's weights and bias as parameters, which
+it may pack when bound), timed alone (median of ``--runs``). Its floor is the
 larger of the bytes it must move (inputs read once, outputs written once)
 at the measured bandwidth and its multiply-adds at the measured peak;
 ``x floor`` is the time over that. The report lists every case slower than
-``--limit`` (3) times its floor.
+``--limit`` (3) times its floor. A convolution's multiply-adds are the
+direct sum's: Winograd's transforms do fewer, so 3x3 ones may come in
+below 1.
 
 BLAS and the compiled kernels run on one thread (``threadpoolctl``; no
 executor is made, so no thread lease), as the floors are one core's.
@@ -54,6 +57,9 @@ class Case:
     outputs: list[np.ndarray[Any, Any]]
     flops: float = 0.0  # multiply-adds x 2
     moved: int | None = None  # bytes it must move, where not every input's
+    # inputs that are a model's parameters (a convolution's weights and
+    # bias): the dispatcher binds them as constant, which kernels may pack
+    constant: frozenset[int] = frozenset()
     result: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -231,7 +237,9 @@ def _conv_case(
     }
     flops = 2.0 * out.size * (c // group) * k * k
     name = f"conv {note} n{n} {c}->{m} {hw}x{hw} k{k} s{stride} g{group}"
-    return Case(name, "conv", attrs, [x, w, b], [out], flops)
+    return Case(
+        name, "conv", attrs, [x, w, b], [out], flops, constant=frozenset({1, 2})
+    )
 
 
 def configured_cases() -> list[Case]:
@@ -487,7 +495,7 @@ def _kernel(case: Case) -> Callable[[], None]:
         raise KeyError(name)
     arrays = [*case.inputs, *case.outputs]
     if isinstance(kernel, Bindable):
-        return kernel.bind(*arrays)
+        return kernel.bind(*arrays, constant=case.constant)
     return lambda: kernel(*arrays)
 
 
