@@ -8,7 +8,8 @@ they are parameters (:mod:`asyncrt.ops._winograd`):
 
 * depthwise convolutions (one input and one output channel per group)
   take a compiled kernel of their own where numba is installed
-  (:mod:`asyncrt.ops._depthwise`);
+  (:mod:`asyncrt.ops._depthwise`), and so do grouped ones with small
+  groups (a group's input channels as more taps of its planar loop);
 * strided convolutions, and stride-1 ones whose column matrix is large
   (:data:`TAPS_MIN_CELLS`), fill the column matrix by one copy per kernel
   tap from a strided view of the padded input, then ``W (group, M/group,
@@ -133,6 +134,9 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         if _depthwise.takes(xp, x, w, out, group):
             depthwise(x, w, *rest)()
             return
+        if _depthwise.groups(xp, x, w, out, group):
+            by_groups(x, w, *rest)()
+            return
         gathered = strided(x, w, *rest)
         if gathered is not None:
             gathered()
@@ -179,6 +183,20 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             relu=relu,
         )
 
+    def by_groups(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
+        out = rest[-1]
+        return _depthwise.bind_grouped(
+            x,
+            w,
+            rest[0] if has_bias else None,
+            out,
+            group,
+            geometry.strides,
+            geometry.padding(x.shape[2:], out.shape[2:])[0],
+            geometry.dilations,
+            relu=relu,
+        )
+
     def strided(x: Array, w: Array, *rest: Array) -> Callable[[], None] | None:
         """The convolution as one copy per tap and a GEMM over the real
         output positions (:mod:`asyncrt.ops._strided`), or ``None`` where
@@ -216,6 +234,8 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         out = rest[-1]
         if out.size and _depthwise.takes(xp, x, w, out, group):
             return depthwise(x, w, *rest)
+        if out.size and _depthwise.groups(xp, x, w, out, group):
+            return by_groups(x, w, *rest)
         if out.size and _winograd.takes(
             xp, x, w, out, group, geometry.strides, geometry.dilations
         ):

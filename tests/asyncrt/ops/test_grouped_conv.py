@@ -1,0 +1,125 @@
+"""Grouped convolutions on the compiled planar loop (a group's input
+channels as more taps) against a float64 reference: strides, dilations,
+uneven pads, channel multipliers, bias and ReLU, batches, parts over
+threads, non-finite inputs, a call and a binding alike; and the groups the
+loop leaves to im2col."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncrt.ops import _depthwise, register_op_kernel
+from asyncrt.ops._kernels import global_namespace_func
+
+from .conv_reference import conv_reference
+
+pytest.importorskip("numba")
+
+CASES = [
+    # x shape, weights shape, group, strides, pads, dilations
+    ((1, 128, 28, 28), (128, 4, 3, 3), 32, [1, 1], [1, 1, 1, 1], [1, 1]),
+    ((2, 12, 33, 29), (18, 4, 3, 3), 3, [2, 2], [1, 1, 1, 1], [1, 1]),
+    ((1, 16, 20, 21), (8, 2, 5, 5), 8, [1, 1], [2, 1, 2, 3], [1, 1]),
+    ((1, 8, 12, 14), (8, 4, 3, 3), 2, [1, 1], [2, 2, 2, 2], [2, 2]),
+    ((3, 6, 19, 18), (12, 1, 3, 3), 6, [1, 2], [0, 1, 2, 0], [1, 1]),  # x2
+]
+
+
+def _kernel(
+    w: np.ndarray[Any, Any],
+    group: int,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    relu: bool,
+) -> Any:
+    attrs: dict[str, Any] = {
+        "kernel_shape": list(w.shape[2:]),
+        "strides": strides,
+        "dilations": dilations,
+        "pads": pads,
+        "auto_pad": "NOTSET",
+        "group": group,
+        "bias": True,
+    }
+    if relu:
+        attrs["activation"] = "relu"
+    kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
+    assert kernel is not None
+    return kernel
+
+
+@pytest.mark.parametrize("threads", [False, True])
+@pytest.mark.parametrize("bound", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("xs", "ws", "group", "strides", "pads", "dilations"), CASES)
+def test_grouped_convolutions_match_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+    xs: tuple[int, ...],
+    ws: tuple[int, ...],
+    group: int,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    dtype: Any,
+    bound: bool,
+    threads: bool,
+) -> None:
+    if threads:
+        monkeypatch.setattr(_depthwise, "MIN_WORK_PER_THREAD", 1)
+    rng = np.random.default_rng(len(xs) + group)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    relu = group % 2 == 0
+    want = conv_reference(x, w, b, group, strides, pads, dilations)
+    if relu:
+        want = np.maximum(want, 0)
+    out = np.full(want.shape, np.nan, dtype)
+    assert _depthwise.groups(np, x, w, out, group)
+    kernel = _kernel(w, group, strides, pads, dilations, relu)
+    if bound:
+        call = kernel.bind(x, w, b, out)
+        call()
+        x[...] = rng.standard_normal(xs)  # a binding reads its arrays anew
+        w[...] = rng.standard_normal(ws)  # weights too
+        want = conv_reference(x, w, b, group, strides, pads, dilations)
+        if relu:
+            want = np.maximum(want, 0)
+        call()
+    else:
+        kernel(x, w, b, out)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(out, want, rtol=tolerance, atol=tolerance * scale)
+
+
+def test_a_non_finite_input_reaches_only_its_groups_outputs() -> None:
+    x = np.zeros((1, 8, 10, 10), np.float32)
+    x[0, 5, 4, 4] = np.inf  # group 2 (channels 4 and 5)
+    w = np.ones((8, 2, 3, 3), np.float32)
+    out = np.empty((1, 8, 10, 10), np.float32)
+    _kernel(w, 4, [1, 1], [1, 1, 1, 1], [1, 1], False)(
+        x, w, np.zeros(8, np.float32), out
+    )
+    touched = ~np.isfinite(out)
+    assert touched[0, 4:6, 3:6, 3:6].all()
+    assert touched.sum() == 2 * 9
+
+
+def test_large_groups_and_narrow_outputs_are_left_to_im2col() -> None:
+    x = np.zeros((1, 64, 16, 16), np.float32)
+    out = np.zeros((1, 64, 16, 16), np.float32)
+    groups = _depthwise.groups
+    assert groups(np, x, np.zeros((64, 8, 3, 3), np.float32), out, 8)  # 72 terms
+    assert not groups(np, x, np.zeros((64, 16, 3, 3), np.float32), out, 4)
+    # 32 outputs per group: the GEMM's blocking wins.
+    wide = np.zeros((1, 128, 16, 16), np.float32)
+    assert not groups(np, x[:, :8], np.zeros((128, 2, 3, 3), np.float32), wide, 4)
+    assert groups(np, x[:, :8], np.zeros((32, 2, 3, 3), np.float32), out[:, :32], 4)
+    narrow = np.zeros((1, 64, 7, 7), np.float32)
+    assert not groups(np, x, np.zeros((64, 4, 3, 3), np.float32), narrow, 16)
+    assert not groups(np, x, np.zeros((64, 1, 3, 3), np.float32), out, 1)
