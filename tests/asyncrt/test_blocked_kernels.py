@@ -217,17 +217,40 @@ def test_layer_norm_in_rows_equals_its_definition(
     np.testing.assert_allclose(inv.reshape(-1)[keep], 1 / std[keep, 0], rtol=1e-5)
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("axis", [0, 1, -2])
 @pytest.mark.parametrize("exclusive", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize(
+    ("dtype", "shape"),
+    [(np.float32, (5, 9, 70)), (np.int32, (5, 9, 70)), (np.float64, (3, 64, 2))],
+)
 def test_cumsum_by_slices_equals_numpys_bit_for_bit(
-    axis: int, exclusive: bool, reverse: bool, dtype: Any
+    monkeypatch: pytest.MonkeyPatch,
+    axis: int,
+    exclusive: bool,
+    reverse: bool,
+    dtype: Any,
+    shape: tuple[int, ...],
+    compiled: bool,
 ) -> None:
-    # Along an axis other than the last: one vector add per step, in
-    # numpy's order of additions, so its exact values.
+    # Along an axis other than the last: one compiled loop, or one vector
+    # add per step without numba, in numpy's order of additions, so its
+    # exact values (NaN, infinities and integer wrap-around included).
+    from asyncrt.ops import _jit, reduce
+
+    if not compiled:
+        monkeypatch.setattr(reduce, "_compiles_cumsum", lambda a, out: False)
+        monkeypatch.setattr(reduce, "CUMSUM_MIN_SLICE", 1)
+    elif not _jit.available():
+        pytest.skip("numba not installed")
     rng = np.random.default_rng(7)
-    a = (rng.standard_normal((5, 9, 70)) * 100).astype(dtype)
+    a = (rng.standard_normal(shape) * 100).astype(dtype)
+    if dtype == np.int32:
+        a[0, 0, 0] = np.iinfo(np.int32).max  # wraps around, as numpy's
+    else:
+        a[1, 2, 1] = np.nan
+        a[2, 1, 0] = np.inf
     attrs = {"axis": axis, "exclusive": exclusive, "reverse": reverse}
     out = np.full(a.shape, 5, dtype)
     _run(_kernel("cumsum", attrs), a, out)
