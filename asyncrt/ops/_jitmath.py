@@ -7,6 +7,9 @@ no branch that is not a select), without fast-math:
 
 * ``relu_``, ``max_``, ``min_``: numpy's ``maximum``/``minimum`` (NaN in,
   NaN out; ``maximum(-0., 0)`` is -0.), bit for bit.
+* ``sqrth_``: the library's ``power_half`` (``pow(x, 0.5)``: ``sqrt``, but
+  +0 at -0 and +inf at -inf), bit for bit (both round the square root
+  correctly).
 * ``hswish_``, ``hsig_``: the library's ``hard_swish`` (``x * clip(x / 6
   + 0.5, 0, 1)`` in float32) and ``hard_sigmoid``, bit for bit.
 * ``gelu_erf_``, ``gelu_tanh_``: the library's ``gelu`` (exact and tanh
@@ -36,6 +39,7 @@ __all__ = ("FUNCTIONS", "SOURCE")
 #: The helpers' names.
 FUNCTIONS = (
     "relu_",
+    "sqrth_",
     "max_",
     "min_",
     "hswish_",
@@ -49,6 +53,7 @@ FUNCTIONS = (
 SOURCE = """
 _F = np.float32
 _ZERO = _F(0.0)
+_INF = _F(np.inf)
 _ONE = _F(1.0)
 _SIXTH = _F(1 / 6)
 _HALF = _F(0.5)
@@ -95,6 +100,12 @@ _TB = (
 @numba.njit(inline="always", error_model="numpy")
 def relu_(x):
     return _ZERO if x < _ZERO else x
+
+
+@numba.njit(inline="always", error_model="numpy")
+def sqrth_(x):
+    # pow(x, 0.5): the square root, but +0 at -0 and +inf at -inf
+    return _INF if x == -_INF else np.sqrt(x) + _ZERO
 
 
 @numba.njit(inline="always", error_model="numpy")

@@ -129,6 +129,7 @@ def test_generated_sources_are_kept_in_the_cache_folder(
     ("op", "attrs"),
     [
         ("hard_swish", None),
+        ("power_half", None),
         ("erf", None),
         ("hard_sigmoid", {"alpha": 0.2, "beta": 0.5}),
         ("leaky_relu", {"alpha": 0.01}),
