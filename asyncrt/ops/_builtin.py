@@ -705,7 +705,12 @@ def _prelu(xp: ModuleType) -> Bindable:
         _blocks.positive_part(xp, a, scratch)
         xp.add(out, scratch, out)
 
-    return _blocks.blockwise(xp, prelu, scratch=1)
+    blocks = _blocks.blockwise(xp, prelu, scratch=1)
+    if xp is not np:
+        return blocks
+    # One compiled pass of the same operations in the same order (bit for
+    # bit) where the slope is whole, a scalar or a tile of trailing axes.
+    return _jitbroadcast.compiled_float32("(-relu_(-{0})) * {1} + relu_({0})", blocks)
 
 
 def _compiled_int32(

@@ -167,6 +167,8 @@ def _compiled(
             or not accepts(*arrays)
             or not all(x.flags.c_contiguous for x in arrays)
         ):
+            if isinstance(fallback, Bindable):
+                return fallback.bind(*arrays)
             return lambda: fallback(*arrays)
         tile = math.prod(out.shape[axis:])
         slabs = out.size // tile

@@ -126,6 +126,26 @@ def test_prelu_per_channel_and_elementwise_slopes(
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("slope_shape", [(9, 300), (300,), (1,)], ids=str)
+def test_compiled_prelu_is_the_block_passes_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch, slope_shape: tuple[int, ...]
+) -> None:
+    from asyncrt.ops import _jit
+
+    if not _jit.available():
+        pytest.skip("numba not installed")
+    x = _data((9, 300), seed=4)
+    x[0, :6] = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan]
+    slope = np.random.default_rng(5).uniform(-1, 2, slope_shape).astype(np.float32)
+    slope.reshape(-1)[:2] = [np.inf, np.nan][: slope.size]
+    got, want = np.empty_like(x), np.empty_like(x)
+    with np.errstate(all="ignore"):
+        _run(_kernel("prelu"), x, slope, got)
+        monkeypatch.setattr(_jit, "enabled", False)
+        _run(_kernel("prelu"), x, slope, want)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_bound_blocks_run_again_on_new_values_with_their_own_scratch() -> None:
     size = 2 * BLOCK + 3
     a = np.zeros(size, np.float32)
