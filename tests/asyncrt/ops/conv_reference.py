@@ -7,7 +7,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ("conv_reference",)
+from asyncrt.ops import register_op_kernel
+from asyncrt.ops._kernels import global_namespace_func
+
+__all__ = ("conv_kernel", "conv_reference")
 
 
 def conv_reference(
@@ -50,3 +53,31 @@ def conv_reference(
     if b is not None:
         out += b.reshape(1, m, *(1,) * rank)
     return out
+
+
+def conv_kernel(
+    kernel_shape: list[int],
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    group: int,
+    *,
+    bias: bool,
+    relu: bool,
+) -> Any:
+    """The library's numpy ``conv`` kernel for these attributes (ReLU fused
+    in, as the ONNX import fuses it); ``pads`` as ONNX gives them."""
+    attrs: dict[str, Any] = {
+        "kernel_shape": list(kernel_shape),
+        "strides": strides,
+        "dilations": dilations,
+        "pads": pads,
+        "auto_pad": "NOTSET",
+        "group": group,
+        "bias": bias,
+    }
+    if relu:
+        attrs["activation"] = "relu"
+    kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
+    assert kernel is not None
+    return kernel

@@ -10,10 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt.ops import _depthwise, _jit, register_op_kernel
-from asyncrt.ops._kernels import global_namespace_func
+from asyncrt.ops import _depthwise, _jit
 
-from .conv_reference import conv_reference
+from .conv_reference import conv_kernel, conv_reference
 
 pytest.importorskip("numba")
 
@@ -69,19 +68,15 @@ def _conv(
     relu: bool,
     bound: bool,
 ) -> np.ndarray[Any, Any]:
-    attrs: dict[str, Any] = {
-        "kernel_shape": list(w.shape[2:]),
-        "strides": strides,
-        "dilations": dilations,
-        "pads": pads,
-        "auto_pad": "NOTSET",
-        "group": x.shape[1],
-        "bias": b is not None,
-    }
-    if relu:
-        attrs["activation"] = "relu"
-    kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
-    assert kernel is not None
+    kernel = conv_kernel(
+        list(w.shape[2:]),
+        strides,
+        pads,
+        dilations,
+        x.shape[1],
+        bias=b is not None,
+        relu=relu,
+    )
     want = _reference(x, w, b, strides, pads, dilations)
     out = np.full(want.shape, np.nan, x.dtype)
     args = (x, w, *(() if b is None else (b,)), out)

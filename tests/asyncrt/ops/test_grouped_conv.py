@@ -11,10 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt.ops import _depthwise, register_op_kernel
-from asyncrt.ops._kernels import global_namespace_func
+from asyncrt.ops import _depthwise
 
-from .conv_reference import conv_reference
+from .conv_reference import conv_kernel, conv_reference
 
 pytest.importorskip("numba")
 
@@ -36,20 +35,8 @@ def _kernel(
     dilations: list[int],
     relu: bool,
 ) -> Any:
-    attrs: dict[str, Any] = {
-        "kernel_shape": list(w.shape[2:]),
-        "strides": strides,
-        "dilations": dilations,
-        "pads": pads,
-        "auto_pad": "NOTSET",
-        "group": group,
-        "bias": True,
-    }
-    if relu:
-        attrs["activation"] = "relu"
-    kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
-    assert kernel is not None
-    return kernel
+    shape = list(w.shape[2:])
+    return conv_kernel(shape, strides, pads, dilations, group, bias=True, relu=relu)
 
 
 @pytest.mark.parametrize("threads", [False, True])

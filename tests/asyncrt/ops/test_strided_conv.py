@@ -12,10 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt.ops import _common, _scratch, register_op_kernel
-from asyncrt.ops._kernels import global_namespace_func
+from asyncrt.ops import _common, _scratch
 
-from .conv_reference import conv_reference
+from .conv_reference import conv_kernel, conv_reference
 
 CASES = [
     # x shape, w shape, group, strides, pads, dilations, bias, relu
@@ -58,19 +57,15 @@ def _conv(
     relu: bool,
     bound: bool,
 ) -> None:
-    attrs: dict[str, Any] = {
-        "kernel_shape": list(w.shape[2:]),
-        "strides": strides,
-        "dilations": dilations,
-        "pads": pads,
-        "auto_pad": "NOTSET",
-        "group": group,
-        "bias": b is not None,
-    }
-    if relu:
-        attrs["activation"] = "relu"
-    kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
-    assert kernel is not None
+    kernel = conv_kernel(
+        list(w.shape[2:]),
+        strides,
+        pads,
+        dilations,
+        group,
+        bias=b is not None,
+        relu=relu,
+    )
     want = conv_reference(x, w, b, group, strides, pads, dilations)
     out = np.full(want.shape, np.nan, x.dtype)
     args = (x, w, *(() if b is None else (b,)), out)
@@ -122,22 +117,9 @@ def test_a_non_finite_input_reaches_only_the_outputs_it_feeds() -> None:
     x = np.zeros((1, 2, 9, 9), np.float32)
     x[0, 1, 4, 4] = np.inf
     w = np.ones((3, 2, 3, 3), np.float32)
-    kernel = global_namespace_func(
-        register_op_kernel(
-            "conv",
-            {
-                "kernel_shape": [3, 3],
-                "strides": [2, 2],
-                "dilations": [1, 1],
-                "pads": [1, 1, 1, 1],
-                "auto_pad": "NOTSET",
-                "group": 1,
-                "bias": False,
-            },
-        ),
-        "numpy",
+    kernel = conv_kernel(
+        [3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 1, bias=False, relu=False
     )
-    assert kernel is not None
     out = np.zeros((1, 3, 5, 5), np.float32)
     kernel.bind(x, w, out)()  # type: ignore[attr-defined]
     # Input cell 4 (padded 5) is under output cell 2 of each axis alone.

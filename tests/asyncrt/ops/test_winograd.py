@@ -15,10 +15,9 @@ from onnx import helper, numpy_helper
 
 from asyncrt import graph_executor
 from asyncrt.frontend import from_onnx
-from asyncrt.ops import _common, _im2col, _jit, _winograd, register_op_kernel
-from asyncrt.ops._kernels import global_namespace_func
+from asyncrt.ops import _common, _im2col, _jit, _winograd
 
-from .conv_reference import conv_reference
+from .conv_reference import conv_kernel, conv_reference
 from .single_node import node_model
 
 FLOAT = onnx.TensorProto.FLOAT
@@ -35,20 +34,7 @@ CASES = [
 
 
 def _kernel(pads: list[int], bias: bool, relu: bool) -> Any:
-    attrs: dict[str, Any] = {
-        "kernel_shape": [3, 3],
-        "strides": [1, 1],
-        "dilations": [1, 1],
-        "pads": pads,
-        "auto_pad": "NOTSET",
-        "group": 1,
-        "bias": bias,
-    }
-    if relu:
-        attrs["activation"] = "relu"
-    kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
-    assert kernel is not None
-    return kernel
+    return conv_kernel([3, 3], [1, 1], pads, [1, 1], 1, bias=bias, relu=relu)
 
 
 def _reference(x: Any, w: Any, b: Any, pads: list[int], relu: bool) -> Any:
