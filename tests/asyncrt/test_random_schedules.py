@@ -599,7 +599,9 @@ def run_placings(
 # -- the tests: cases = examples x PLACEMENTS, on each backend ---------------------
 
 
-@settings(COMMON, max_examples=90)
+# 60 examples a test and backend: each CI run draws new ones (no database,
+# no fixed seed), so the cases covered grow run by run.
+@settings(COMMON, max_examples=60)
 @given(case=cases(), data=st.data())
 def test_pinned_and_named_policies(
     anyio_backend: str, case: Case, data: st.DataObject
@@ -608,7 +610,7 @@ def test_pinned_and_named_policies(
     run_placings(data, case, False, anyio_backend)
 
 
-@settings(COMMON, max_examples=90)
+@settings(COMMON, max_examples=60)
 @given(case=cases(), data=st.data())
 def test_random_user_policy(
     anyio_backend: str, case: Case, data: st.DataObject
