@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -90,10 +91,20 @@ async def loop_watch(
     monkeypatch.setattr(
         _core, "compile_graph", watch.wrap("compile_graph", _core.compile_graph)
     )
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(watch.tick)
-        try:
-            yield watch
-        finally:
-            tg.cancel_scope.cancel()
+    # The interpreter's own pauses are not the runtime's: late in the whole
+    # suite a full garbage collection walks every object the earlier tests
+    # left alive (a 679 ms gap once, on a cold CI run). Collect now and
+    # freeze what survives, so collections inside the watch scan only the
+    # objects it makes.
+    gc.collect()
+    gc.freeze()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch.tick)
+            try:
+                yield watch
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        gc.unfreeze()
     watch.check()
