@@ -1,10 +1,10 @@
 """Convolution, pooling and normalisation.
 
-Convolution is im2col plus one batched BLAS matmul that writes the
-planned output, in one of three ways, but for bound 3 x 3 stride-1
-convolutions of enough channels and tiles, which run Winograd's F(2 x 2,
-3 x 3): 16 GEMMs of transformed tiles, the weights transformed once where
-they are parameters (:mod:`asyncrt.ops._winograd`):
+Bound 3 x 3 stride-1 convolutions of enough channels and tiles run
+Winograd's F(2 x 2, 3 x 3): 16 GEMMs of transformed tiles, the weights
+transformed once where they are parameters (:mod:`asyncrt.ops._winograd`).
+Every other convolution is im2col plus one batched BLAS matmul that writes
+the planned output, in one of three ways:
 
 * depthwise convolutions (one input and one output channel per group)
   take a compiled kernel of their own where numba is installed
