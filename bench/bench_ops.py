@@ -6,11 +6,12 @@ transformer-typical shapes, on one thread.
 
 First the machine: its memory bandwidth (copies of 64 MiB, bytes read
 plus written, the best of five allocations) and its sgemm peak (numpy's
-matmul, 1024 x 1024 x 1024 and a transformer projection, the best). Then each case: a library kernel
-(built-in by name, configured by its attributes), bound to its arrays as the
-dispatcher binds it (a convolution's weights and bias as parameters, which
-it may pack when bound), timed alone (median of ``--runs``). Its floor is the
-larger of the bytes it must move (inputs read once, outputs written once)
+matmul, 1024 x 1024 x 1024 and a transformer projection, the best). Then
+each case: a library kernel (built-in by name, configured by its
+attributes), bound to its arrays as the dispatcher binds it (a
+convolution's weights and bias as parameters, which it may pack when
+bound), timed alone (median of ``--runs``). Its floor is the larger of
+the bytes it must move (inputs read once, outputs written once)
 at the measured bandwidth and its multiply-adds at the measured peak;
 ``x floor`` is the time over that. The report lists every case slower than
 ``--limit`` (3) times its floor. A convolution's multiply-adds are the
