@@ -189,7 +189,7 @@ def _planes_source(
         weights = []
     # one level deeper: inside the loop over the group's output channels
     per_output = [
-        "    " + line for line in ["            shift = bias[k]", *weights, *statements]
+        "    " + text for text in ["            shift = bias[k]", *weights, *statements]
     ]
     return "\n".join(
         [

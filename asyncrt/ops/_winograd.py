@@ -369,7 +369,7 @@ def bind_winograd(
     :param constant_weights: ``w``'s values are fixed for the binding's
         life (a parameter): packed now, once.
     :param exact: computes the same convolution without the transforms,
-        for calls with non-finite outputs.
+        for calls whose input is not finite or huge.
     """
     n, c = x.shape[:2]
     k = w.shape[0]
@@ -404,7 +404,6 @@ def bind_winograd(
     into = _jit.compile_kernel(_tiles_in)
     back = _jit.compile_kernel(_tiles_out)
     pad_h, pad_w = begin
-    matmul = np.matmul
 
     Steps = list[tuple[Callable[[], None], Callable[[], None], Callable[[], None]]]
 
@@ -434,7 +433,8 @@ def bind_winograd(
                 per_part=frozenset({5, 6}),
                 trailing=(relu,),
             )
-            made.append((transform_in, _bound_matmul(matmul, u, v, m), transform_out))
+            gemms = functools.partial(np.matmul, u, v, out=m)
+            made.append((transform_in, gemms, transform_out))
         return made
 
     def run(steps: Steps) -> None:
@@ -460,12 +460,3 @@ def bind_winograd(
         run(cache[1])
 
     return borrowed
-
-
-def _bound_matmul(
-    matmul: Callable[..., Any], u: Array, v: Array, m: Array
-) -> Callable[[], None]:
-    def gemms() -> None:
-        matmul(u, v, out=m)
-
-    return gemms
