@@ -27,6 +27,12 @@ layouts, chosen by the output's width:
   the result back to NCHW. Measured (one thread, against im2col): 240
   channels of 14 x 14, 5 x 5: 440 -> 144 us; 576 of 7 x 7: 350 -> 67 us.
 
+The same planar loop runs grouped convolutions of small groups (a group's
+input channels are more taps) and a network's stem (one group of three
+inputs: 3 -> 16 channels at stride 2, 313 -> 257 us on one thread against
+the column matrix and GEMM on two), with columns split into phases where
+a group has several outputs.
+
 ReLU is applied as the planes are copied out, or afterwards in place on
 the pixels. Both layouts sum in
 the same order (the bias first, then the taps in row-major order; BLAS
@@ -55,6 +61,7 @@ from ._common import Array, relu_in_place
 __all__ = (
     "MAX_GROUP_OUTPUTS",
     "MAX_GROUP_TERMS",
+    "MAX_STEM_OUTPUTS",
     "MIN_CHANNELS",
     "MIN_WORK_PER_THREAD",
     "PLANAR_MIN_WIDTH",
@@ -88,6 +95,16 @@ PLANAR_MIN_WIDTH = 8
 #: Taps summed per statement of the planar kernel: one pass over the
 #: outputs for a 3 x 3 or 5 x 5 kernel; more taps take more passes.
 CHUNK = 25
+#: Terms summed one after another in a statement: longer chains wait on
+#: each add's latency (27 in a chain: 440 us for a 3 -> 16 channel stem).
+CHAIN = 9
+#: Strided convolutions with at least this many outputs a group split the
+#: columns into phases too, so that no column is summed in vain: each
+#: input cell is gathered once at a stride, for every output to use.
+PHASED_MIN_OUTPUTS = 2
+#: Output cells (rows times the pitch) computed for every output of a group
+#: before the next rows: the input rows they read stay in the L1 cache.
+TILE_CELLS = 2048
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -129,16 +146,15 @@ def _depthwise_pixels(  # pragma: no cover - compiled by numba
                             out[n, i, j, c] += w[kh, kw, c] * x[n, row, column, c]
 
 
-def _planes_source(
-    taps: int, unit_stride_w: bool, relu: bool, reduce: str = "sum"
-) -> str:
+def _planes_source(taps: int, columns: str, relu: bool, reduce: str = "sum") -> str:
     """The planar kernel for ``taps`` terms (kernel taps times input
     channels per group; see :func:`_bind_planes`): ``kernel(x, w, bias,
     out, phases, line, offsets, first, last, stride_h, stride_w, pad_h,
-    pad_w, pitch, phase_rows, in_group, out_group)`` computes groups
-    ``first:last`` (a depthwise convolution's group is one channel in and
-    one out). A group's ``in_group`` input planes are copied once, one
-    after another in ``phases``, for its ``out_group`` output channels.
+    pad_w, pitch, phase_rows, in_group, out_group)`` computes output
+    channels ``first:last`` (a depthwise convolution's group is one channel
+    in and one out). A group's ``in_group`` input planes are copied once,
+    one after another in ``phases``, for those of its ``out_group`` output
+    channels in the range.
 
     Each input plane's rows are split into their ``stride_h`` phases (the
     rows one output row apart), copied into ``phases`` zero-padded at row
@@ -146,14 +162,20 @@ def _planes_source(
     here). Every tap then reads a contiguous run of one phase at a fixed
     offset (``offsets``) from an output's flat position at that pitch, so
     one loop over a plane's outputs sums every tap in registers (unrolled,
-    in order, :data:`CHUNK` to a statement) into ``line`` and stores once:
-    one long contiguous loop that LLVM vectorises (a loop per output row
-    is slower: 14 columns are one vector and a scalar remainder). Rows are
-    then copied out of ``line``, with ReLU. Columns are summed at stride 1
-    and every ``stride_w``-th is the output: splitting columns into phases
-    would cost a strided gather per input cell (0.38 ns against 0.08 for a
-    contiguous copy, more than the dropped sums), and LLVM does not
-    vectorise strided loads of the taps.
+    :data:`CHUNK` to a statement, in chains of :data:`CHAIN`) into ``line``
+    and stores once: one long contiguous loop that LLVM vectorises (a loop
+    per output row is slower: 14 columns are one vector and a scalar
+    remainder). Rows are then copied out of ``line``, with ReLU. A group's
+    outputs take turns a few rows at a time (:data:`TILE_CELLS`).
+
+    ``columns`` says how strided columns are read. ``"unit"``: the stride
+    is 1. ``"strided"``: columns are summed at stride 1 and every
+    ``stride_w``-th is the output; for one output a group (depthwise), this
+    beats splitting columns into phases, a strided gather per input cell
+    (0.38 ns against 0.08 for a contiguous copy, more than the dropped
+    sums); LLVM does not vectorise strided loads of the taps. ``"phased"``:
+    columns are split into ``stride_w`` phases too, so no sum is wasted,
+    for groups of several outputs (a stem's 16 use each gathered cell).
 
     ``reduce="max"`` makes the same loop a max pooling: the taps' maximum
     (``max_``: NaN in, NaN out, as ``np.maximum``) instead of the weighted
@@ -166,31 +188,48 @@ def _planes_source(
             value = "line[q]" if begin else f"phases[o{chunk[0]} + q]"
             for t in chunk[0 if begin else 1 :]:
                 value = f"max_({value}, phases[o{t} + q])"
-            line = f"                line[q] = {value}"
         else:
-            terms = " + ".join(f"w{t} * phases[o{t} + q]" for t in chunk)
             left = "shift" if begin == 0 else "line[q]"
-            line = f"                line[q] = {left} + {terms}"
-        statements += ["            for q in range(span):", line]
-    column = "j" if unit_stride_w else "j * np.uint64(stride_w)"
+            # Independent chains of CHAIN terms, added at the end: one
+            # chain of 27 adds waits on each add's latency.
+            sums = [
+                " + ".join(f"w{t} * phases[o{t} + q]" for t in chunk[at : at + CHAIN])
+                for at in range(0, len(chunk), CHAIN)
+            ]
+            sums[0] = f"{left} + {sums[0]}"
+            value = " + ".join(f"({terms})" for terms in sums)
+        statements += ["for q in range(begin, end):", f"    line[q] = {value}"]
+    column = "j * np.uint64(stride_w)" if columns == "strided" else "j"
     # NaN stays NaN, as np.maximum(NaN, 0) has it
     result = "0 if v < 0 else v" if relu else "v"
     statements += [
-        "            for i in range(out_h):",
-        "                at = np.uint64(i * pitch)",
-        "                for j in range(np.uint64(out_w)):",
-        f"                    v = line[at + {column}]",
-        f"                    out[n, k, i, j] = {result}",
+        "for i in range(top, bottom):",
+        "    at = np.uint64(i * pitch)",
+        "    for j in range(np.uint64(out_w)):",
+        f"        v = line[at + {column}]",
+        f"        out[n, k, i, j] = {result}",
     ]
-    offsets = [f"    o{t} = np.uint64(offsets[{t}])" for t in range(taps)]
     # in locals: LLVM cannot tell that stores to ``out`` leave ``w`` as is
-    weights = [f"            w{t} = w[k, {t}]" for t in range(taps)]
-    if reduce == "max":
-        weights = []
-    # one level deeper: inside the loop over the group's output channels
-    per_output = [
-        "    " + text for text in ["            shift = bias[k]", *weights, *statements]
-    ]
+    weights = [] if reduce == "max" else [f"w{t} = w[k, {t}]" for t in range(taps)]
+    if columns == "phased":
+        # each column phase of the row, a contiguous run of ``phases``
+        copy_row = [
+            "for e in range(stride_w):",
+            "    row = ((b * stride_h + a) * stride_w + e) * phase_size + u * pitch",
+            "    low = max(0, (pad_w - e + stride_w - 1) // stride_w)",
+            "    high = min(pitch, (width - 1 + pad_w - e) // stride_w + 1)",
+            # unsigned, as below: a gather at stride 2 then costs 0.1 ns
+            "    into = np.uint64(row + low)",
+            "    source = np.uint64(low * stride_w + e - pad_w)",
+            "    for v in range(np.uint64(max(0, high - low))):",
+            "        phases[into + v] = x[n, c, r, source + v * unsigned_stride_w]",
+        ]
+    else:
+        copy_row = [
+            "row = np.uint64((b * stride_h + a) * phase_size + u * pitch + pad_w)",
+            "for v in range(used_w):",
+            "    phases[row + v] = x[n, c, r, v]",
+        ]
     return "\n".join(
         [
             "import numba",
@@ -204,14 +243,17 @@ def _planes_source(
             "           in_group, out_group):",
             "    batch, _, height, width = x.shape",
             "    out_h, out_w = out.shape[2], out.shape[3]",
-            # Unsigned indices: numba wraps negative signed ones around,
-            # which stops LLVM vectorising (8x).
-            "    span = np.uint64(out_h * pitch)",
             "    phase_size = phase_rows * pitch",
             "    used_w = np.uint64(max(0, min(width, pitch - pad_w)))",
-            *offsets,
+            # (one output a group reads each input row once anyway)
+            f"    tile_rows = out_h if out_group == 1 else max(1, {TILE_CELLS} // pitch)",
+            "    unsigned_stride_w = np.uint64(stride_w)",
+            *(f"    o{t} = np.uint64(offsets[{t}])" for t in range(taps)),
             "    for n in range(batch):",
-            "        for g in range(first, last):",
+            "        start = first",
+            "        while start < last:",
+            "            g = start // out_group",
+            "            stop = min(last, (g + 1) * out_group)",
             "            for b in range(in_group):",
             "                c = g * in_group + b",
             "                for a in range(stride_h):",
@@ -219,13 +261,19 @@ def _planes_source(
             "                        r = u * stride_h + a - pad_h",
             "                        if r < 0 or r >= height:",
             "                            continue",
-            "                        row = (b * stride_h + a) * phase_size",
-            "                        row = np.uint64(row + u * pitch + pad_w)",
-            "                        for v in range(used_w):",
-            "                            phases[row + v] = x[n, c, r, v]",
-            "            for m in range(out_group):",
-            "                k = g * out_group + m",
-            *per_output,
+            *(" " * 24 + text for text in copy_row),
+            # a few rows at a time for every output of the group: the
+            # phases' rows they read stay in the nearest caches
+            "            for top in range(0, out_h, tile_rows):",
+            "                bottom = min(out_h, top + tile_rows)",
+            # Unsigned indices: numba wraps negative signed ones around,
+            # which stops LLVM vectorising (8x).
+            "                begin = np.uint64(top * pitch)",
+            "                end = np.uint64(bottom * pitch)",
+            "                for k in range(start, stop):",
+            "                    shift = bias[k]",
+            *(" " * 20 + text for text in (*weights, *statements)),
+            "            start = stop",
             "",
         ]
     )
@@ -262,19 +310,28 @@ MAX_GROUP_TERMS = 72
 #: in 32 groups 303 -> 168, 240 of 14 x 14 in 120 groups 250 -> 62; with
 #: 16 outputs a group 64 -> 128 channels at stride 2 144 -> 163 (a loss).
 MAX_GROUP_OUTPUTS = 8
+#: A convolution of one group with few inputs (a network's stem: 3 -> 16
+#: channels, 3 x 3) takes the planar loop with at most this many outputs:
+#: the GEMM's column matrix is as large as the input times the taps, and
+#: its copies cost more than the GEMM. One thread, against the GEMM on
+#: two: 3 -> 16 channels, 224 x 224 at stride 2, 313 -> 257 us; 8 -> 16 of
+#: 56 x 56 at stride 1, 172 -> 132 us; but 3 -> 32 at 224 x 224 403 -> 477.
+MAX_STEM_OUTPUTS = 16
 
 
 def groups(xp: ModuleType, x: Array, w: Array, out: Array, group: int) -> bool:
-    """Whether a grouped (not depthwise) convolution compiles on the planar
-    loop: as :func:`pools` for the arrays, with small groups
-    (:data:`MAX_GROUP_TERMS`, :data:`MAX_GROUP_OUTPUTS`)."""
+    """Whether a grouped (not depthwise) convolution, or one of a single
+    group with few inputs, compiles on the planar loop: as :func:`pools`
+    for the arrays, with small groups (:data:`MAX_GROUP_TERMS` and
+    :data:`MAX_GROUP_OUTPUTS`, or :data:`MAX_STEM_OUTPUTS` for one
+    group)."""
+    outputs = MAX_GROUP_OUTPUTS if group > 1 else MAX_STEM_OUTPUTS
     return bool(
-        group > 1
-        and w.ndim == 4
+        w.ndim == 4
         and w.dtype == x.dtype
         and w.flags.c_contiguous
         and math.prod(w.shape[1:]) <= MAX_GROUP_TERMS
-        and w.shape[0] // group <= MAX_GROUP_OUTPUTS
+        and w.shape[0] // group <= outputs
         and pools(xp, x, out)
     )
 
@@ -371,31 +428,42 @@ def _bind_planes(
     stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w = geometry
     out_h, out_w = out.shape[2:]
     # Rows are split into phases (an output row's taps are rows of the
-    # phases below it); columns are summed at stride 1.
+    # phases below it); columns are summed at stride 1, or split too.
     reach_h, reach_w = (k_h - 1) * dilation_h, (k_w - 1) * dilation_w
-    pitch = (out_w - 1) * stride_w + 1 + reach_w
+    phased = stride_w > 1 and out_group >= PHASED_MIN_OUTPUTS
+    column_phases = stride_w if phased else 1
+    if phased:
+        pitch = out_w + reach_w // stride_w
+    else:
+        pitch = (out_w - 1) * stride_w + 1 + reach_w
     phase_rows = out_h + reach_h // stride_h
     phase_size = phase_rows * pitch
     # Each input channel of a group has its phases after the previous one's.
     offsets = np.array(
         [
-            (b * stride_h + kh * dilation_h % stride_h) * phase_size
+            (
+                (b * stride_h + kh * dilation_h % stride_h) * column_phases
+                + kw * dilation_w % column_phases
+            )
+            * phase_size
             + (kh * dilation_h // stride_h) * pitch
-            + kw * dilation_w
+            + kw * dilation_w // column_phases
             for b in range(in_group)
             for kh in range(k_h)
             for kw in range(k_w)
         ],
         np.int64,
     )
-    text = _planes_source(len(offsets), stride_w == 1, relu, reduce)
+    columns = "phased" if phased else "unit" if stride_w == 1 else "strided"
+    text = _planes_source(len(offsets), columns, relu, reduce)
     module = "asyncrt_depthwise_" + hashlib.sha256(text.encode()).hexdigest()[:20]
     kernel = _jit.compile_source(module, text, "kernel")
     taps = w.reshape(w.shape[0], len(offsets))
     shift = np.zeros(w.shape[0], x.dtype) if bias is None else bias
-    shares = _shares(out, w, group)
+    shares = _shares(out, w, w.shape[0])
     pad = -np.inf if reduce == "max" else 0  # what a cell outside the input adds
-    phases = np.full((len(shares), in_group * stride_h * phase_size), pad, x.dtype)
+    planes = in_group * stride_h * column_phases
+    phases = np.full((len(shares), planes * phase_size), pad, x.dtype)
     lines = np.empty((len(shares), out_h * pitch), x.dtype)
     geometry = (
         stride_h,

@@ -24,6 +24,9 @@ CASES = [
     ((1, 16, 20, 21), (8, 2, 5, 5), 8, [1, 1], [2, 1, 2, 3], [1, 1]),
     ((1, 8, 12, 14), (8, 4, 3, 3), 2, [1, 1], [2, 2, 2, 2], [2, 2]),
     ((3, 6, 19, 18), (12, 1, 3, 3), 6, [1, 2], [0, 1, 2, 0], [1, 1]),  # x2
+    # a stem: one group of few inputs, columns split into phases
+    ((1, 3, 30, 31), (16, 3, 3, 3), 1, [2, 2], [1, 1, 1, 1], [1, 1]),
+    ((2, 2, 23, 26), (5, 2, 3, 5), 1, [3, 3], [0, 2, 1, 0], [2, 1]),
 ]
 
 
@@ -114,3 +117,10 @@ def test_large_groups_and_narrow_outputs_are_left_to_im2col() -> None:
     narrow = np.zeros((1, 64, 7, 7), np.float32)
     assert not groups(np, x, np.zeros((64, 4, 3, 3), np.float32), narrow, 16)
     assert not groups(np, x, np.zeros((64, 1, 3, 3), np.float32), out, 1)
+    # one group: a stem's few inputs and outputs, not more outputs
+    image = np.zeros((1, 3, 224, 224), np.float32)
+    stem = np.zeros((1, 16, 112, 112), np.float32)
+    assert groups(np, image, np.zeros((16, 3, 3, 3), np.float32), stem, 1)
+    wider = np.zeros((1, 32, 112, 112), np.float32)
+    assert not groups(np, image, np.zeros((32, 3, 3, 3), np.float32), wider, 1)
+    assert not groups(np, image, np.zeros((16, 3, 7, 7), np.float32), stem, 1)
