@@ -107,7 +107,16 @@ def probe_conv(rows: list[tuple[str, str, float]]) -> None:
             b = rng.standard_normal(8).astype(np.float32)
             out = np.empty((batch, 8, 16, 16), np.float32)
             bound = _im2col.bind_stride1(
-                np, x, w, b, out, group, (1, 1), (1, 1), relu=True, limit=math.inf
+                np,
+                x,
+                w,
+                b,
+                out,
+                group,
+                (1, 1),
+                (1, 1),
+                activation="relu",
+                limit=math.inf,
             )
             assert bound is not None
             label = f"{name}, batch {batch}"

@@ -10,10 +10,10 @@ evaluated right away with the same kernel on numpy — constant folding, so
 become attributes of the kernels that need them. Constants that reach a
 run-time kernel become parameters, named after their ONNX values. Before that, with
 ``optimize`` (the default), :mod:`._rewrite` folds BatchNormalization into
-the Conv before it, fuses Conv -> Relu, merges MatMuls that share an
-input and fuses a transformer's GEMM epilogues, residual layer norms,
-masked softmaxes and head transposes into nodes of asyncrt's private
-domain (:mod:`._epilogue`, rules in :mod:`._rules_epilogue`).
+the Conv before it, fuses Conv -> Relu and Conv -> HardSwish, merges
+MatMuls that share an input and fuses a transformer's GEMM epilogues,
+residual layer norms, masked softmaxes and head transposes into nodes of
+asyncrt's private domain (:mod:`._epilogue`, rules in :mod:`._rules_epilogue`).
 
 Every refusal names the operator, node and opset
 (:class:`~asyncrt.errors.UnsupportedOpError`) or the value or input
@@ -173,7 +173,7 @@ def from_onnx(
         shapes = {**(plan.shape_dict if plan is not None else {}), **given}
         rewritten = rewrite(proto) if optimize else Rewritten(proto)
         importer = Importer(rewritten.model, shapes, bound)
-        importer.relu_convs = rewritten.relu
+        importer.conv_activations = rewritten.activations
         return _read_only(importer.run())
     base_dir = os.path.dirname(where) if where is not None else None
     if scanned is not None:
@@ -246,8 +246,9 @@ class Importer:
         self.params: dict[str, np.ndarray[Any, Any]] = {}
         self.param_handles: dict[str, TensorHandle] = {}
         self.used_names: set[str] = set()
-        #: outputs of Conv nodes that apply a fused Relu (see ``_rewrite``)
-        self.relu_convs: set[str] = set()
+        #: outputs of Conv nodes that apply a fused activation, and its name
+        #: (see ``_rewrite``)
+        self.conv_activations: Mapping[str, str] = {}
         #: output specs computed before ONNX's inference, where it can
         self.fast_shapes: Callable[[NodeContext], list[TensorSpec] | None] | None = None
 
@@ -411,10 +412,11 @@ class Importer:
         if (
             isinstance(lowering, Call)
             and node.op_type == "Conv"
-            and node.output[0] in self.relu_convs
+            and node.output[0] in self.conv_activations
             and lowering.attrs is not None
         ):
-            attrs = {**lowering.attrs, "activation": "relu"}
+            activation = self.conv_activations[node.output[0]]
+            attrs = {**lowering.attrs, "activation": activation}
             lowering = Call(lowering.func, lowering.args, attrs)
         if (
             isinstance(lowering, Call)

@@ -10,9 +10,11 @@ tensor (no other node, no graph output):
   ``W' = W * a`` per output channel and ``B' = (B - mean) * a + bias``,
   computed in double precision and rounded once to the weights' dtype
   (float32 or float64; other dtypes are left alone).
-* **Conv -> Relu** becomes one Conv that applies the ReLU to its output in
-  place (:attr:`Rewritten.relu`: the importer gives those convolutions the
-  kernel's ``activation`` attribute).
+* **Conv -> Relu** and **Conv -> HardSwish** (float32 weights) become one
+  Conv that applies the activation to its output as it writes it
+  (:attr:`Rewritten.activations`: the importer gives those convolutions
+  the kernel's ``activation`` attribute): one pass over the output, with
+  the bias, instead of two or three.
 * **MatMuls sharing an input** (``X @ Wq``, ``X @ Wk``, ``X @ Wv``, each
   ``W`` a 2-D initializer, the same row count and dtype) become one
   ``X @ [Wq Wk Wv]`` and a Split of its last axis; where each product is
@@ -54,7 +56,9 @@ class Rewritten:
     """A model after the rewrites.
 
     :ivar model: the model (the caller's own if nothing was rewritten).
-    :ivar relu: the output names of the Conv nodes that apply a ReLU.
+    :ivar activations: the output names of the Conv nodes that apply an
+        activation, and its name (``"relu"`` or ``"hard_swish"``, the
+        library's kernels).
     :ivar folded: how many BatchNormalization nodes were folded.
     :ivar merged: how many MatMul nodes were merged into wider ones.
     :ivar weights: with ``rewrite(..., weights=...)``, the initializers by
@@ -64,7 +68,7 @@ class Rewritten:
     """
 
     model: onnx.ModelProto
-    relu: set[str] = field(default_factory=set)
+    activations: dict[str, str] = field(default_factory=dict)
     folded: int = 0
     merged: int = 0
     weights: dict[str, np.ndarray[Any, Any]] | None = None
@@ -75,9 +79,9 @@ def rewrite(
     model: onnx.ModelProto,
     weights: Mapping[str, np.ndarray[Any, Any]] | None = None,
 ) -> Rewritten:
-    """``model`` with BatchNormalization folded into, and Relu fused with,
-    the Conv before it, where that is exact up to rounding (see the module
-    docstring).
+    """``model`` with BatchNormalization folded into, and Relu or HardSwish
+    fused with, the Conv before it, where that is exact up to rounding (see
+    the module docstring).
 
     :param weights: the initializers as arrays, for a model whose
         initializers were taken out (so that the weights are held once):
@@ -100,16 +104,20 @@ def rewrite(
     )
     state = _State(copy.graph, held)
     folded = state.fold_batch_norms()
-    relu = state.fuse_relus()
+    activations = state.fuse_activations()
     merged = state.merge_matmuls(opset)
-    if folded or relu or merged:
+    if folded or activations or merged:
         state.commit()
     fused = fuse_epilogues(copy.graph, state.const, opset)
-    if not folded and not relu and not merged and not fused:
+    if not folded and not activations and not merged and not fused:
         return Rewritten(model, weights=held)
     if fused:
         copy.opset_import.append(onnx.helper.make_opsetid(PRIVATE_DOMAIN, 1))
-    return Rewritten(copy, relu, folded, merged, held, fused)
+    return Rewritten(copy, activations, folded, merged, held, fused)
+
+
+#: The activations a Conv applies as it writes its output, by ONNX op.
+_CONV_ACTIVATIONS = {"Relu": "relu", "HardSwish": "hard_swish"}
 
 
 class _State:
@@ -237,17 +245,25 @@ class _State:
             count += 1
         return count
 
-    def fuse_relus(self) -> set[str]:
-        fused: set[str] = set()
-        for index, relu in enumerate(self.nodes):
-            if relu is None or not is_op(relu, "Relu") or len(relu.output) != 1:
+    def fuse_activations(self) -> dict[str, str]:
+        fused: dict[str, str] = {}
+        for index, node in enumerate(self.nodes):
+            if node is None or len(node.output) != 1:
                 continue
-            conv = self.conv_before(relu)
+            name = _CONV_ACTIVATIONS.get(node.op_type)
+            if name is None or not is_op(node, node.op_type):
+                continue
+            conv = self.conv_before(node)
             if conv is None or conv.output[0] in fused:
                 continue
-            self.producer[relu.output[0]] = self.producer[relu.input[0]]
-            conv.output[0] = relu.output[0]
-            fused.add(relu.output[0])
+            if name != "relu":
+                # compiled in float32 (ReLU commutes with any rounding)
+                weight = self.const(conv.input[1])
+                if weight is None or weight.dtype != np.float32:
+                    continue
+            self.producer[node.output[0]] = self.producer[node.input[0]]
+            conv.output[0] = node.output[0]
+            fused[node.output[0]] = name
             self.nodes[index] = None
         return fused
 

@@ -22,6 +22,7 @@ import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,8 @@ class Prepared:
         one).
     :ivar lazy: the other shared constants (weights that only kernels
         read): their specs only; a specialization names them.
-    :ivar relu: output names of Conv nodes that apply a ReLU.
+    :ivar activations: output names of Conv nodes that apply an activation,
+        and its name.
     :ivar prefix: the start of every per-signature parameter's name (no
         shared parameter's or input's name starts with it).
     """
@@ -71,7 +73,7 @@ class Prepared:
     inputs: tuple[SymbolicInput, ...]
     held: Mapping[str, np.ndarray[Any, Any]]
     lazy: Mapping[str, TensorSpec]
-    relu: frozenset[str]
+    activations: Mapping[str, str]
     prefix: str
 
 
@@ -139,7 +141,7 @@ class OnnxSpecializer:
         """The prepared model and its settings, as bytes."""
         meta = json.dumps(
             {
-                "relu": sorted(self.prepared.relu),
+                "activations": dict(sorted(self.prepared.activations.items())),
                 "prefix": self.prepared.prefix,
                 "held": sorted(self.prepared.held),
             },
@@ -161,11 +163,21 @@ def load(
     try:
         (length,) = struct.unpack("<Q", payload[:8])
         meta = json.loads(payload[8 : 8 + length])
-        relu = frozenset(str(name) for name in meta["relu"])
+        if "activations" in meta:
+            activations = {str(k): str(v) for k, v in meta["activations"].items()}
+        else:  # written before Conv took activations other than ReLU
+            activations = {str(name): "relu" for name in meta["relu"]}
         prefix = str(meta["prefix"])
         held_names = {str(name) for name in meta["held"]}
         model = onnx.load_model_from_string(payload[8 + length :])
-    except (struct.error, ValueError, KeyError, TypeError, DecodeError) as exc:
+    except (
+        struct.error,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        DecodeError,
+    ) as exc:
         raise GraphError(f"malformed ONNX payload: {exc}", field="payload") from exc
     missing = sorted(held_names - set(params))
     if missing:
@@ -181,7 +193,9 @@ def load(
         for name, a in params.items()
         if name not in held_names
     }
-    prepared = Prepared(model, tuple(inputs), held, lazy, relu, prefix)
+    prepared = Prepared(
+        model, tuple(inputs), held, lazy, MappingProxyType(activations), prefix
+    )
     return OnnxSpecializer(prepared)
 
 
@@ -203,7 +217,7 @@ class _Specialization(Importer):
         self.shapes = shapes
         self.given = values
         self.dims = dims
-        self.relu_convs = set(owner.prepared.relu)
+        self.conv_activations = owner.prepared.activations
         self.fast_shapes = fast_outputs
         self.shared_read: list[str] = []
 

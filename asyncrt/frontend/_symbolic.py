@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -227,17 +228,17 @@ def import_symbolic(
     :raises UnsupportedOpError: for an operator or attribute asyncrt does not
         implement (naming node, operator and opset).
     """
-    relu: set[str] = set()
+    activations: dict[str, str] = {}
     if optimize:
         rewritten = rewrite(skeleton, weights)
-        skeleton, relu = rewritten.model, rewritten.relu
+        skeleton, activations = rewritten.model, rewritten.activations
         weights = rewritten.weights if rewritten.weights is not None else weights
     consts: dict[str, np.ndarray[Any, Any]] = dict(weights)
     for name, value in bind.items():
         consts[name] = _bound(skeleton, name, value)
     del weights
     kinds = _classify(skeleton, plan, consts, opset)
-    folder = _Folder(skeleton, consts, relu)
+    folder = _Folder(skeleton, consts, activations)
     later: list[onnx.NodeProto] = []
     for node in skeleton.graph.node:
         if all(kinds.get(o) is Kind.CONST for o in node.output if o):
@@ -264,7 +265,7 @@ def import_symbolic(
         plan.inputs,
         {name: shared[name] for name in held},
         {name: spec for name, spec in specs.items() if name not in held},
-        frozenset(relu),
+        MappingProxyType(dict(activations)),
         prefix,
     )
     graph = SymbolicGraph(
@@ -367,10 +368,10 @@ class _Folder:
         self,
         model: onnx.ModelProto,
         consts: Mapping[str, np.ndarray[Any, Any]],
-        relu: set[str],
+        activations: Mapping[str, str],
     ) -> None:
         self.importer = Importer(model, {}, {})
-        self.importer.relu_convs = relu
+        self.importer.conv_activations = activations
         self.values = self.importer.values
         self.values.update((name, Const(array)) for name, array in consts.items())
 

@@ -34,7 +34,8 @@ from types import ModuleType
 
 import numpy as np
 
-from ._common import Array, add_bias_relu, all_finite
+from ._common import Array, all_finite
+from ._conv_epilogue import add_bias_activation
 
 __all__ = ("MAX_PADDED_WIDTH", "MIN_ROWS", "bind_banded", "takes")
 
@@ -79,7 +80,7 @@ def bind_banded(
     begin: tuple[int, ...],
     dilations: tuple[int, ...],
     *,
-    relu: bool = False,
+    activation: str = "none",
     limit: float,
     exact: Callable[[], None],
 ) -> Callable[[], None] | None:
@@ -142,6 +143,6 @@ def bind_banded(
         copyto(interior, source)
         copyto(lhs, repeated)
         matmul(matrix, band, out=result)
-        add_bias_relu(xp, planar, bias_view, out, relu)
+        add_bias_activation(xp, planar, bias_view, out, activation)
 
     return banded

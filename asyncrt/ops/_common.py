@@ -17,7 +17,6 @@ from ._library import Attrs
 __all__ = (
     "BOUND_SCRATCH_BYTES",
     "Array",
-    "add_bias_relu",
     "all_finite",
     "calculable",
     "choice",
@@ -68,20 +67,6 @@ def calculable(a: Array) -> Array:
     if is_extension(a.dtype.name):
         return a.astype(np.float32)
     return a
-
-
-def add_bias_relu(
-    xp: ModuleType, source: Array, bias: Array | None, out: Array, relu: bool
-) -> None:
-    """A convolution's epilogue: ``out = source + bias`` (``bias`` shaped to
-    broadcast; a copy without one, nothing if ``source`` is ``out``), then
-    ``max(out, 0)`` in place if ``relu``."""
-    if bias is not None:
-        xp.add(source, bias, out)
-    elif source is not out:
-        xp.copyto(out, source)
-    if relu:
-        relu_in_place(xp, out)
 
 
 #: Smaller arrays take numpy's ``maximum`` (a compiled call's own cost).

@@ -33,8 +33,9 @@ inputs: 3 -> 16 channels at stride 2, 313 -> 257 us on one thread against
 the column matrix and GEMM on two), with columns split into phases where
 a group has several outputs.
 
-ReLU is applied as the planes are copied out, or afterwards in place on
-the pixels. Both layouts sum in
+The activation (:mod:`asyncrt.ops._conv_epilogue`: ReLU, hard-swish) is
+applied as the planes are copied out, or afterwards in place on the
+pixels. Both layouts sum in
 the same order (the bias first, then the taps in row-major order; BLAS
 sums in an order of its own), so results equal the im2col kernel's within
 a few float32 ulps of each output's magnitude. NaN and infinities
@@ -56,7 +57,8 @@ import numpy as np
 
 from ..runtime import _threads
 from . import _jit, _jitmath
-from ._common import Array, relu_in_place
+from ._common import Array
+from ._conv_epilogue import EXPRESSIONS, activate_in_place, compiles
 
 __all__ = (
     "MAX_GROUP_OUTPUTS",
@@ -146,7 +148,9 @@ def _depthwise_pixels(  # pragma: no cover - compiled by numba
                             out[n, i, j, c] += w[kh, kw, c] * x[n, row, column, c]
 
 
-def _planes_source(taps: int, columns: str, relu: bool, reduce: str = "sum") -> str:
+def _planes_source(
+    taps: int, columns: str, activation: str, reduce: str = "sum"
+) -> str:
     """The planar kernel for ``taps`` terms (kernel taps times input
     channels per group; see :func:`_bind_planes`): ``kernel(x, w, bias,
     out, phases, line, offsets, first, last, stride_h, stride_w, pad_h,
@@ -165,7 +169,8 @@ def _planes_source(taps: int, columns: str, relu: bool, reduce: str = "sum") -> 
     :data:`CHUNK` to a statement, in chains of :data:`CHAIN`) into ``line``
     and stores once: one long contiguous loop that LLVM vectorises (a loop
     per output row is slower: 14 columns are one vector and a scalar
-    remainder). Rows are then copied out of ``line``, with ReLU. A group's
+    remainder). Rows are then copied out of ``line``, through the
+    activation (:data:`asyncrt.ops._conv_epilogue.EXPRESSIONS`). A group's
     outputs take turns a few rows at a time (:data:`TILE_CELLS`).
 
     ``columns`` says how strided columns are read. ``"unit"``: the stride
@@ -200,8 +205,7 @@ def _planes_source(taps: int, columns: str, relu: bool, reduce: str = "sum") -> 
             value = " + ".join(f"({terms})" for terms in sums)
         statements += ["for q in range(begin, end):", f"    line[q] = {value}"]
     column = "j * np.uint64(stride_w)" if columns == "strided" else "j"
-    # NaN stays NaN, as np.maximum(NaN, 0) has it
-    result = "0 if v < 0 else v" if relu else "v"
+    result = EXPRESSIONS[activation]
     statements += [
         "for i in range(top, bottom):",
         "    at = np.uint64(i * pitch)",
@@ -234,7 +238,7 @@ def _planes_source(taps: int, columns: str, relu: bool, reduce: str = "sum") -> 
         [
             "import numba",
             "import numpy as np",
-            _jitmath.SOURCE if reduce == "max" else "",
+            _jitmath.SOURCE if reduce == "max" or activation != "none" else "",
             "",
             "@numba.njit(cache=True, nogil=True, error_model='numpy', "
             "boundscheck=False)",
@@ -246,7 +250,8 @@ def _planes_source(taps: int, columns: str, relu: bool, reduce: str = "sum") -> 
             "    phase_size = phase_rows * pitch",
             "    used_w = np.uint64(max(0, min(width, pitch - pad_w)))",
             # (one output a group reads each input row once anyway)
-            f"    tile_rows = out_h if out_group == 1 else max(1, {TILE_CELLS} // pitch)",
+            f"    tile_rows = max(1, {TILE_CELLS} // pitch)",
+            "    tile_rows = out_h if out_group == 1 else tile_rows",
             "    unsigned_stride_w = np.uint64(stride_w)",
             *(f"    o{t} = np.uint64(offsets[{t}])" for t in range(taps)),
             "    for n in range(batch):",
@@ -346,7 +351,7 @@ def bind_grouped(
     begin: tuple[int, ...],
     dilations: tuple[int, ...],
     *,
-    relu: bool = False,
+    activation: str = "none",
 ) -> Callable[[], None]:
     """The grouped convolution of :func:`groups`' arrays as a call without
     arguments: each group's input planes copied once, then each of its
@@ -357,7 +362,7 @@ def bind_grouped(
     :param begin: the pads before each spatial axis.
     """
     geometry = (*strides, *begin, *dilations)
-    return _bind_planes(x, w, bias, out, geometry, relu, group=group)
+    return _bind_planes(x, w, bias, out, geometry, activation, group=group)
 
 
 def bind_depthwise(
@@ -369,7 +374,7 @@ def bind_depthwise(
     begin: tuple[int, ...],
     dilations: tuple[int, ...],
     *,
-    relu: bool = False,
+    activation: str = "none",
 ) -> Callable[[], None]:
     """The depthwise convolution of :func:`takes`' arrays as a call without
     arguments (compiled on the first binding of a process): its
@@ -380,7 +385,8 @@ def bind_depthwise(
         from the shapes).
     """
     if out.shape[3] >= PLANAR_MIN_WIDTH:
-        return _bind_planes(x, w, bias, out, (*strides, *begin, *dilations), relu)
+        geometry = (*strides, *begin, *dilations)
+        return _bind_planes(x, w, bias, out, geometry, activation)
     kernel = _jit.compile_kernel(_depthwise_pixels)
     n, channels = x.shape[:2]
     out_h, out_w = out.shape[2:]
@@ -401,8 +407,7 @@ def bind_depthwise(
         copyto(pixels, source)
         compute()
         copyto(out, planar)
-        if relu:
-            relu_in_place(np, out)
+        activate_in_place(np, out, activation)
 
     return depthwise
 
@@ -413,7 +418,7 @@ def _bind_planes(
     bias: Array | None,
     out: Array,
     geometry: tuple[int, ...],
-    relu: bool,
+    activation: str,
     reduce: str = "sum",
     group: int | None = None,
 ) -> Callable[[], None]:
@@ -455,7 +460,9 @@ def _bind_planes(
         np.int64,
     )
     columns = "phased" if phased else "unit" if stride_w == 1 else "strided"
-    text = _planes_source(len(offsets), columns, relu, reduce)
+    # an activation the loop cannot apply in this dtype follows it
+    inside = activation if compiles(activation, x.dtype) else "none"
+    text = _planes_source(len(offsets), columns, inside, reduce)
     module = "asyncrt_depthwise_" + hashlib.sha256(text.encode()).hexdigest()[:20]
     kernel = _jit.compile_source(module, text, "kernel")
     taps = w.reshape(w.shape[0], len(offsets))
@@ -475,13 +482,21 @@ def _bind_planes(
         in_group,
         out_group,
     )
-    return _jit.bind_parts(
+    planar = _jit.bind_parts(
         kernel,
         (x, taps, shift, out, phases, lines, offsets),
         shares,
         per_part=frozenset({4, 5}),
         trailing=geometry,
     )
+    if inside == activation:
+        return planar
+
+    def then_activation() -> None:
+        planar()
+        activate_in_place(np, out, activation)
+
+    return then_activation
 
 
 def pools(xp: ModuleType, x: Array, out: Array) -> bool:
@@ -516,7 +531,8 @@ def bind_pool(
     zero; within float32 rounding of the folds, which add in another
     order)."""
     w = np.ones((x.shape[1], 1, *kernel), x.dtype)
-    return _bind_planes(x, w, None, out, (*strides, *begin, *dilations), False, reduce)
+    geometry = (*strides, *begin, *dilations)
+    return _bind_planes(x, w, None, out, geometry, "none", reduce)
 
 
 def _shares(out: Array, w: Array, extent: int) -> list[tuple[int, int]]:

@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from . import _banded, _common, _scratch
-from ._common import Array, add_bias_relu
+from ._common import Array
+from ._conv_epilogue import add_bias_activation
 
 __all__ = ("CHUNK_BYTES", "bind_stride1", "conv_stride1")
 
@@ -155,11 +156,12 @@ def conv_stride1(
     begin: tuple[int, ...],
     dilations: tuple[int, ...],
     *,
-    relu: bool = False,
+    activation: str = "none",
     banded: bool = True,
 ) -> None:
-    """``out = conv(x, w) + bias`` for strides of 1, then ``max(out, 0)``
-    in place if ``relu`` (each chunk while it is in cache).
+    """``out = activation(conv(x, w) + bias)`` for strides of 1 (the bias
+    and activation in one pass over each chunk while it is in cache:
+    :mod:`asyncrt.ops._conv_epilogue`).
 
     :param x: ``(N, C, *spatial)``.
     :param w: ``(M, C / group, *kernel)``.
@@ -179,7 +181,7 @@ def conv_stride1(
         group,
         begin,
         dilations,
-        relu=relu,
+        activation=activation,
         limit=math.inf,
         banded=banded,
     )
@@ -205,7 +207,7 @@ def conv_stride1(
         got = result[:size]
         xp.matmul(weights, cols[:size].reshape(size, group, -1, length), out=got)
         rows = got.reshape(size, m, out_spatial[0], *layout.padded[1:])[layout.keep]
-        add_bias_relu(xp, rows, bias_view, out[start : start + size], relu)
+        add_bias_activation(xp, rows, bias_view, out[start : start + size], activation)
 
 
 def bind_stride1(
@@ -218,7 +220,7 @@ def bind_stride1(
     begin: tuple[int, ...],
     dilations: tuple[int, ...],
     *,
-    relu: bool = False,
+    activation: str = "none",
     limit: float | None = None,
     banded: bool = True,
 ) -> Callable[[], None] | None:
@@ -243,7 +245,7 @@ def bind_stride1(
             group,
             begin,
             dilations,
-            relu=relu,
+            activation=activation,
             banded=False,
         )
         # Scratch as bounded as im2col's chunks, bound or not.
@@ -255,7 +257,7 @@ def bind_stride1(
             out,
             begin,
             dilations,
-            relu=relu,
+            activation=activation,
             limit=min(limit, CHUNK_BYTES),
             exact=exact,
         )
@@ -274,7 +276,7 @@ def bind_stride1(
 
         def direct() -> None:
             matmul(weights, cols, out=result)
-            add_bias_relu(xp, out, bias_view, out, relu)
+            add_bias_activation(xp, out, bias_view, out, activation)
 
         return direct
     if layout.chunk < n:
@@ -309,7 +311,7 @@ def bind_stride1(
             copyto(interior, x)
             copyto(cols, view)
             matmul(weights, matrix, out=result)
-            add_bias_relu(xp, rows, bias_view, out, relu)
+            add_bias_activation(xp, rows, bias_view, out, activation)
 
         return borrowed
     # The padded planes' borders stay zero: only their interior is written.
@@ -322,6 +324,6 @@ def bind_stride1(
         copyto(interior, x)
         copyto(cols, view)
         matmul(weights, matrix, out=result)
-        add_bias_relu(xp, rows, bias_view, out, relu)
+        add_bias_activation(xp, rows, bias_view, out, activation)
 
     return padded

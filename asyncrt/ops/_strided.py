@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from . import _common, _scratch
-from ._common import Array, add_bias_relu
+from ._common import Array
+from ._conv_epilogue import add_bias_activation
 
 __all__ = ("bind_strided",)
 
@@ -49,10 +50,10 @@ def bind_strided(
     begin: tuple[int, ...],
     dilations: tuple[int, ...],
     *,
-    relu: bool = False,
+    activation: str = "none",
     limit: float | None = None,
 ) -> Callable[[], None]:
-    """``out = conv(x, w) + bias`` (then ``max(out, 0)`` if ``relu``) as a
+    """``out = activation(conv(x, w) + bias)`` (:mod:`._conv_epilogue`) as a
     call without arguments, bound to these arrays.
 
     :param x: ``(N, C, *spatial)``.
@@ -167,7 +168,7 @@ def bind_strided(
         for target, source in steps:
             copyto(target, source)
         matmul(weights, matrix, out=result)
-        add_bias_relu(xp, out, bias_view, out, relu)
+        add_bias_activation(xp, out, bias_view, out, activation)
 
     if cells * x.itemsize <= limit:
         kept = [xp.empty(shape, dtype=x.dtype) for shape in shapes]

@@ -38,11 +38,19 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from ..runtime import _threads
-from . import _blocks, _common, _depthwise, _epijit, _jit, _scratch, _winograd
+from . import (
+    _blocks,
+    _common,
+    _conv_epilogue,
+    _depthwise,
+    _epijit,
+    _jit,
+    _scratch,
+    _winograd,
+)
 from ._builtin import SOFTMAX_SPLIT_ELEMENTS, ones_vector
 from ._common import (
     Array,
-    add_bias_relu,
     all_finite,
     choice,
     flag,
@@ -53,6 +61,7 @@ from ._common import (
     opt_ints,
     quiet,
 )
+from ._conv_epilogue import ACTIVATIONS, activate_in_place, add_bias_activation
 from ._im2col import CHUNK_BYTES, bind_stride1, conv_stride1
 from ._kernels import Bindable
 from ._library import Attrs, define
@@ -70,7 +79,6 @@ __all__ = ()
 
 Kernel = Callable[..., None]
 _AUTO_PAD = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
-_ACTIVATIONS = ("none", "relu")
 #: Stride-1 convolutions whose column matrix has at least this many cells
 #: take one copy per tap and a GEMM over the real output positions
 #: rather than the flat-plane im2col, whose GEMM also computes the padded
@@ -112,8 +120,11 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
     group = integer(attrs, "group")
     has_bias = flag(attrs, "bias")
     rank = len(geometry.kernel)
-    # An activation applied in place (the ONNX frontend fuses Conv -> Relu).
-    relu = "activation" in attrs and choice(attrs, "activation", _ACTIVATIONS) == "relu"
+    # An activation applied as the output is written (the ONNX frontend
+    # fuses Conv -> Relu and Conv -> HardSwish): _conv_epilogue.
+    activation = (
+        choice(attrs, "activation", ACTIVATIONS) if "activation" in attrs else "none"
+    )
 
     def conv(x: Array, w: Array, *rest: Array) -> None:
         if x.dtype == np.float16:
@@ -129,7 +140,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         if not w.size:  # no input channels per group: the sums are empty
             out[...] = 0
             bias = rest[0].reshape(-1, *(1,) * rank) if has_bias else None
-            add_bias_relu(xp, out, bias, out, relu)
+            add_bias_activation(xp, out, bias, out, activation)
             return
         if _depthwise.takes(xp, x, w, out, group):
             depthwise(x, w, *rest)()
@@ -145,7 +156,15 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
             bias = rest[0] if has_bias else None
             conv_stride1(
-                xp, x, w, bias, out, group, begin, geometry.dilations, relu=relu
+                xp,
+                x,
+                w,
+                bias,
+                out,
+                group,
+                begin,
+                geometry.dilations,
+                activation=activation,
             )
             return
         n, c = x.shape[:2]
@@ -167,7 +186,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             weights = w.reshape(group, mg, -1)
             xp.matmul(weights, cols, out=out.reshape(n, group, mg, positions))
         bias = rest[0].reshape(group, mg, *(1,) * rank) if has_bias else None
-        add_bias_relu(xp, grouped, bias, grouped, relu)
+        add_bias_activation(xp, grouped, bias, grouped, activation)
 
     def depthwise(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
         out = rest[-1]
@@ -180,7 +199,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             geometry.strides,
             begin,
             geometry.dilations,
-            relu=relu,
+            activation=activation,
         )
 
     def by_groups(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
@@ -194,7 +213,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             geometry.strides,
             geometry.padding(x.shape[2:], out.shape[2:])[0],
             geometry.dilations,
-            relu=relu,
+            activation=activation,
         )
 
     def strided(x: Array, w: Array, *rest: Array) -> Callable[[], None] | None:
@@ -225,13 +244,23 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             geometry.strides,
             begin,
             geometry.dilations,
-            relu=relu,
+            activation=activation,
         )
+
+    # What Winograd's exact path computes before the activation it leaves
+    # to a pass of its own (hard-swish) or applies itself (ReLU).
+    exact_before = (
+        _conv(xp, {**attrs, "activation": "none"})
+        if activation == "hard_swish"
+        else conv
+    )
 
     def bind(
         x: Array, w: Array, *rest: Array, constant: frozenset[int] = frozenset()
     ) -> Callable[[], None]:
         out = rest[-1]
+        # the epilogue's loops compiled now, not on the first run
+        _conv_epilogue.warm(xp, out.dtype, activation, has_bias)
         if out.size and _depthwise.takes(xp, x, w, out, group):
             return depthwise(x, w, *rest)
         if out.size and _depthwise.groups(xp, x, w, out, group):
@@ -245,10 +274,13 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
                 rest[0] if has_bias else None,
                 out,
                 geometry.padding(x.shape[2:], out.shape[2:])[0],
-                relu=relu,
+                relu=activation == "relu",
                 constant_weights=1 in constant,
-                exact=functools.partial(conv, x, w, *rest),
+                exact=functools.partial(exact_before, x, w, *rest),
             )
+            if fast is not None and activation == "hard_swish":
+                # (in float32 after the transform's sums, as the kernel's)
+                return functools.partial(_then, fast, xp, out, activation)
             if fast is not None:
                 return fast
         if out.size and w.size and x.dtype != np.float16:
@@ -269,11 +301,27 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
             bias = rest[0] if has_bias else None
             bound = bind_stride1(
-                xp, x, w, bias, out, group, begin, geometry.dilations, relu=relu
+                xp,
+                x,
+                w,
+                bias,
+                out,
+                group,
+                begin,
+                geometry.dilations,
+                activation=activation,
             )
         return bound or functools.partial(conv, x, w, *rest)
 
     return Bindable(conv, bind, takes_constant=True)
+
+
+def _then(
+    call: Callable[[], None], xp: ModuleType, out: Array, activation: str
+) -> None:
+    """``call()``, then ``activation`` in place on ``out``."""
+    call()
+    activate_in_place(xp, out, activation)
 
 
 def _depthwise_taps(xp: ModuleType, view: Array, w: Array, out: Array) -> None:

@@ -127,7 +127,7 @@ def test_batch_norm_folds_into_the_conv_before_it(bias: bool) -> None:
 def test_folded_weights_are_the_literal_products() -> None:
     model = _conv_model([_bn()], ["n"])
     done = rewrite(model)
-    assert done.folded == 1 and done.relu == set()
+    assert done.folded == 1 and done.activations == {}
     (conv,) = done.model.graph.node
     inits = {i.name: numpy_helper.to_array(i) for i in done.model.graph.initializer}
     w, b = inits[conv.input[1]], inits[conv.input[2]]
@@ -147,7 +147,7 @@ def test_folded_weights_are_the_literal_products() -> None:
 def test_conv_relu_fuses_after_a_fold() -> None:
     model = _conv_model([_bn(), _relu("n", "r")], ["r"])
     done = rewrite(model)
-    assert (done.folded, done.relu) == (1, {"r"})
+    assert (done.folded, done.activations) == (1, {"r": "relu"})
     graph, _ = from_onnx(model)
     (conv,) = [n for n in graph.nodes if not n.is_null]
     assert '"activation":"relu"' in str(conv.attrs["op_attrs"]).replace(" ", "")
@@ -280,3 +280,37 @@ def test_the_encoder_block_merges_its_q_k_v_projections() -> None:
     done = rewrite(encoder_block())
     assert done.merged == 3
     assert [n.op_type for n in done.model.graph.node].count("Split") == 1
+
+
+def _hard_swish(x: str, y: str) -> onnx.NodeProto:
+    return helper.make_node("HardSwish", [x], [y], name=f"hswish_{x}")
+
+
+@pytest.mark.parametrize("strides", [(1, 1), (2, 2)])
+def test_conv_hard_swish_fuses_and_matches_onnx_runtime(
+    strides: tuple[int, int],
+) -> None:
+    model = _conv_model([_bn(), _hard_swish("n", "h")], ["h"], strides=strides)
+    done = rewrite(model)
+    assert (done.folded, done.activations) == (1, {"h": "hard_swish"})
+    graph, _ = from_onnx(model)
+    (conv,) = [n for n in graph.nodes if not n.is_null]
+    assert '"activation":"hard_swish"' in str(conv.attrs["op_attrs"]).replace(" ", "")
+    _check(model, {"x": _x()})
+
+
+def test_hard_swish_stays_a_node_where_the_conv_is_not_float32() -> None:
+    model = _conv_model([_hard_swish("c", "h")], ["h"])
+    for init in model.graph.initializer:
+        array = numpy_helper.to_array(init).astype(np.float64)
+        init.CopyFrom(numpy_helper.from_array(array, init.name))
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.elem_type = TensorProto.DOUBLE
+    assert rewrite(model).activations == {}
+    assert _ops(model) == ["Conv", "HardSwish"]
+
+
+def test_hard_swish_is_not_fused_where_the_conv_output_is_read_elsewhere() -> None:
+    model = _conv_model([_hard_swish("c", "h")], ["c", "h"])
+    assert _ops(model) == ["Conv", "HardSwish"]
+    _check(model, {"x": _x()})

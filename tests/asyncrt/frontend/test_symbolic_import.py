@@ -4,6 +4,7 @@ signature, outputs equal to ONNX Runtime's at many shapes."""
 from __future__ import annotations
 
 import gc
+import json
 import subprocess
 import sys
 import textwrap
@@ -421,3 +422,61 @@ def test_weights_in_an_external_data_file_are_read_from_it(tmp_path: Path) -> No
     assert isinstance(static, Graph)
     assert "fc_w" in static_params
     assert isinstance(reference, SymbolicGraph)
+
+
+def _conv_hard_swish_symbolic() -> onnx.ModelProto:
+    """x (N, 3, 12, 12) -> Conv -> HardSwish -> Conv (stride 2) -> Relu."""
+    rng = np.random.default_rng(12)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+        for name, shape in (("w1", (8, 3, 3, 3)), ("b1", (8,)), ("w2", (4, 8, 3, 3)))
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4),
+        helper.make_node("HardSwish", ["c1"], ["h"]),
+        helper.make_node("Conv", ["h", "w2"], ["c2"], pads=[1] * 4, strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_hard_swish",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 6, 6])],
+        inits,
+    )
+    return model_of(graph, 17)
+
+
+def test_fused_activations_survive_a_symbolic_graphs_bytes() -> None:
+    from asyncrt.frontend import _specialize
+
+    model = _conv_hard_swish_symbolic()
+    session = _session(model)
+    graph, params = from_onnx(model)
+    assert isinstance(graph, SymbolicGraph)
+    x = np.random.default_rng(4).standard_normal((3, 3, 12, 12)).astype(np.float32)
+    shapes = {"x": x.shape}
+    text = graph.specialize(shapes, {}).graph.to_json()
+    assert "hard_swish" in text and "relu" in text and "HardSwish" not in text
+    (got,) = _run(graph, params, {"x": x})
+    want = session.run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    again = SymbolicGraph.from_bytes(graph.to_bytes(), params)
+    assert again.specialize(shapes, {}).graph.to_json() == text
+    # A payload written before Conv took other activations lists ReLUs only.
+    payload = graph._specializer.payload()  # type: ignore[attr-defined]
+    (length,) = np.frombuffer(payload[:8], "<u8")
+    meta = json.loads(payload[8 : 8 + length])
+    relus = [name for name, act in meta.pop("activations").items() if act == "relu"]
+    old = json.dumps({**meta, "relu": relus}).encode()
+    legacy = len(old).to_bytes(8, "little") + old + payload[8 + length :]
+    inputs = tuple(graph.inputs.values())
+    loaded = _specialize.load(legacy, inputs, dict(params))
+    assert loaded.prepared.activations == {"y": "relu"}
+    with pytest.raises(GraphError, match="malformed ONNX payload"):
+        broken = json.dumps({**meta, "activations": [1]}).encode()
+        _specialize.load(
+            len(broken).to_bytes(8, "little") + broken + payload[8 + length :],
+            inputs,
+            dict(params),
+        )

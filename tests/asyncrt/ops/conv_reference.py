@@ -63,10 +63,12 @@ def conv_kernel(
     group: int,
     *,
     bias: bool,
-    relu: bool,
+    relu: bool = False,
+    activation: str | None = None,
 ) -> Any:
-    """The library's numpy ``conv`` kernel for these attributes (ReLU fused
-    in, as the ONNX import fuses it); ``pads`` as ONNX gives them."""
+    """The library's numpy ``conv`` kernel for these attributes (ReLU or
+    ``activation`` fused in, as the ONNX import fuses them); ``pads`` as
+    ONNX gives them."""
     attrs: dict[str, Any] = {
         "kernel_shape": list(kernel_shape),
         "strides": strides,
@@ -76,8 +78,8 @@ def conv_kernel(
         "group": group,
         "bias": bias,
     }
-    if relu:
-        attrs["activation"] = "relu"
+    if relu or activation is not None:
+        attrs["activation"] = "relu" if relu else activation
     kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
     assert kernel is not None
     return kernel

@@ -139,7 +139,9 @@ def test_non_finite_and_huge_inputs_take_the_exact_kernel(
     _kernel([1, 1, 1, 1], True, relu).bind(x, w, b, out, constant=frozenset({1}))()
     assert taken == [True]
     exact = np.empty_like(out)
-    _im2col.conv_stride1(np, x, w, b, exact, 1, (1, 1), (1, 1), relu=relu)
+    _im2col.conv_stride1(
+        np, x, w, b, exact, 1, (1, 1), (1, 1), activation="relu" if relu else "none"
+    )
     np.testing.assert_array_equal(out, exact)
 
 
