@@ -165,6 +165,7 @@ def tiny_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     compiled loops)."""
     monkeypatch.setattr(_fusion, "BLOCK_ELEMENTS", 16)
     monkeypatch.setattr(_fusion, "MIN_WORK_PER_THREAD", 0.0)
+    monkeypatch.setattr(_threads.limits, "compiled_threads", 2)
     monkeypatch.setattr(_jit, "enabled", False)
 
 

@@ -188,3 +188,31 @@ async def test_throughput_and_counts_do_not_share() -> None:
             for value in (1.0, 2.0):
                 tg.start_soon(lambda v=value: ex.run(x=np.full(4, v, np.float32)))
         assert seen == [3, 3]
+
+
+def test_compiled_kernels_split_only_where_no_native_pool_spins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    limits = _threads.ThreadLimits(cores=4)
+    lease = limits.acquire(4)
+    try:
+        assert limits.threads == 4
+        native = bool(threadpoolctl.threadpool_info())
+        # BLAS's helpers keep the cores: compiled parts would take turns
+        assert limits.compiled_threads == (1 if native else 4)
+    finally:
+        lease.release()
+    assert limits.compiled_threads == 1
+
+    class NoLibraries:
+        lib_controllers: tuple[object, ...] = ()
+
+    monkeypatch.setattr(threadpoolctl, "ThreadpoolController", NoLibraries)
+    bare = _threads.ThreadLimits(cores=4)
+    lease = bare.acquire(4)
+    try:
+        assert (bare.threads, bare.compiled_threads) == (4, 4)
+        monkeypatch.setattr(_threads, "limits", bare)
+        assert _threads.shares(8, 100) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    finally:
+        lease.release()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from asyncrt.ops import _depthwise
+from asyncrt.runtime import _threads
 
 from .conv_reference import conv_kernel, conv_reference
 
@@ -64,6 +65,7 @@ def test_grouped_convolutions_match_the_reference(
 ) -> None:
     if threads:
         monkeypatch.setattr(_depthwise, "MIN_WORK_PER_THREAD", 1)
+        monkeypatch.setattr(_threads.limits, "compiled_threads", 3)
     rng = np.random.default_rng(len(xs) + group)
     x = rng.standard_normal(xs).astype(dtype)
     w = rng.standard_normal(ws).astype(dtype)
@@ -74,6 +76,8 @@ def test_grouped_convolutions_match_the_reference(
         want = np.maximum(want, 0)
     out = np.full(want.shape, np.nan, dtype)
     assert _depthwise.groups(np, x, w, out, group)
+    # parts split at output channels, a group's between two parts too
+    assert len(_depthwise._shares(out, w, ws[0])) == (min(3, ws[0]) if threads else 1)
     kernel = _kernel(w, group, strides, pads, dilations, relu)
     if bound:
         call = kernel.bind(x, w, b, out)

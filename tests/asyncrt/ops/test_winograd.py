@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 from asyncrt import graph_executor
 from asyncrt.frontend import from_onnx
 from asyncrt.ops import _common, _im2col, _jit, _winograd
+from asyncrt.runtime import _threads
 
 from .conv_reference import conv_kernel, conv_reference
 from .single_node import node_model
@@ -83,6 +84,7 @@ def test_winograd_matches_the_reference(
         monkeypatch.setattr(_winograd, "CHUNK_BYTES", 1)
     elif layout == "threads":
         monkeypatch.setattr(_winograd, "MIN_WORK_PER_THREAD", 1)
+        monkeypatch.setattr(_threads.limits, "compiled_threads", 2)
     elif layout == "borrowed":
         monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", 0)
     rng = np.random.default_rng(len(xs) + k)
