@@ -17,16 +17,20 @@ below) and restored when the last one is closed: never per kernel call.
 BLAS and OpenMP pools are set through threadpoolctl, numexpr's through
 ``numexpr.set_num_threads`` (if it is installed).
 
-**Compiled kernels defer to BLAS.** asyncrt's compiled kernels (fused
-chains, depthwise and Winograd loops, norms) split their work over
-:attr:`ThreadLimits.compiled_threads`: ``T`` where no native pool (BLAS,
-OpenMP) is in the process, else one. A native pool's helper threads spin
-on the cores for a while after each call (OpenBLAS: about 0.1 s), so a
-compiled part run beside them only takes turns with one: measured on 2
-cores, a part split in two right after a GEMM ran at 0.73x the speed of
-one part, and MobileNetV3 (GEMMs between depthwise loops) ran 18% faster
-with compiled kernels unsplit, GPT-2 (GEMMs between fused epilogues) the
-same. The cores stay BLAS's, which splits every GEMM.
+**Compiled kernels beside BLAS.** asyncrt's compiled kernels (fused
+chains, depthwise and Winograd loops, norms, softmax) split their work
+over :attr:`ThreadLimits.compiled_threads`. A native pool's helper
+threads (BLAS, OpenMP) spin on the other cores for a while after each call
+(OpenBLAS: about 0.1 s), so a part run on a pool thread beside one gets
+about half a core: ``T`` equal parts finish in the time of ``2 / T`` of
+the whole, no faster at ``T = 2``. So where a native pool is in the
+process, compiled kernels split only over
+:data:`MIN_SPLIT_BESIDE_NATIVE` threads or more (``T`` else, one with
+fewer). Measured on 2 cores: two parts right after a GEMM took 1.37x the
+time of one; MobileNetV3 (GEMMs between depthwise loops) ran 18% faster
+with its compiled kernels unsplit, GPT-2 (GEMMs between fused epilogues)
+the same. On 16 cores the split still pays (an encoder's softmax at batch
+16: 2.9 -> 0.9 ms).
 
 **Runs in flight.** ``"auto"`` shares the cores among the runs in flight:
 a run alone gets ``C // S`` threads per pool (one run's latency), and while
@@ -83,6 +87,7 @@ from scheduler.plan import Copy, Launch, Plan
 
 __all__ = (
     "GROW_BACK_SECONDS",
+    "MIN_SPLIT_BESIDE_NATIVE",
     "ThreadLease",
     "ThreadLimits",
     "available_cores",
@@ -179,6 +184,10 @@ class _Claim:
     shared: bool
     runs: int = 0
 
+
+#: Compiled kernels split beside a native pool's spinning helpers only over
+#: at least this many threads (see the module docstring).
+MIN_SPLIT_BESIDE_NATIVE = 3
 
 #: Seconds without overlapping runs before shared pools grow back.
 GROW_BACK_SECONDS = 0.5
@@ -280,9 +289,10 @@ class ThreadLimits:
                 self._pools.limit(wanted)
             self.threads = 1 if wanted is None else wanted
             # Helpers of a native pool spin on the cores after each call:
-            # compiled parts beside them only take turns with them.
+            # compiled parts beside them get half a core (module docstring).
             native = self._pools.native()
-            self.compiled_threads = 1 if native else self.threads
+            alone = self.threads < MIN_SPLIT_BESIDE_NATIVE
+            self.compiled_threads = 1 if native and alone else self.threads
             self._applied = wanted
         if numexpr:  # sized for one run alone: see the module docstring
             single = min((c.threads for c in self._claims.values()), default=None)
