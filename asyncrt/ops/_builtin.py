@@ -243,7 +243,7 @@ def _copy(xp: ModuleType) -> Callable[..., None]:
     return copy
 
 
-@builtin("dense", flops=_matmul_flops)
+@builtin("dense", flops=_matmul_flops, blas=True)
 def _dense(xp: ModuleType) -> Callable[..., None]:
     matmul = xp.matmul
 
@@ -459,7 +459,7 @@ def bind_matmul(
     return functools.partial(matmul, a, b, out=out)
 
 
-@builtin("matmul", flops=_matmul_flops)
+@builtin("matmul", flops=_matmul_flops, blas=True)
 def _matmul(xp: ModuleType) -> Bindable:
     bind = functools.partial(bind_matmul, xp.matmul)
 

@@ -58,6 +58,7 @@ __all__ = (
     "OpDef",
     "builtin",
     "builtin_names",
+    "calls_blas",
     "define",
     "encode_attrs",
     "fusion_template",
@@ -153,6 +154,8 @@ class OpDef:
         (named ``<op>.<digest>``).
     :ivar fusion_of: a configured elementwise op's fusion template for
         given attributes (``None`` where those do not fuse).
+    :ivar blas: whether its kernels call BLAS (whose threads spin on the
+        cores after each call: :mod:`asyncrt.runtime._threads`).
     """
 
     name: str
@@ -161,6 +164,7 @@ class OpDef:
     fusion: FusionTemplate | None = None
     configured: bool = True
     fusion_of: Callable[[Attrs], FusionTemplate | None] | None = None
+    blas: bool = False
 
 
 # Two name spaces: a built-in op is named by its kernel's name (a graph's
@@ -212,6 +216,7 @@ def builtin(
     *,
     flops: FlopsFunction | None = None,
     fusion: FusionTemplate | None = None,
+    blas: bool = False,
 ) -> Callable[[_B], _B]:
     """Add an op without attributes (a decorator over ``make(xp)``) and
     register its kernel, named ``name``, for every namespace.
@@ -219,12 +224,18 @@ def builtin(
     :param name: the op's name, which is its kernel's name.
     :param flops: the work estimate of its kernel.
     :param fusion: its fusion template, if it is elementwise.
+    :param blas: whether its kernel calls BLAS.
     :raises ValueError: if the name is taken.
     """
 
     def add(make: _B) -> _B:
         definition = OpDef(
-            name, lambda xp, attrs: make(xp), flops, fusion, configured=False
+            name,
+            lambda xp, attrs: make(xp),
+            flops,
+            fusion,
+            configured=False,
+            blas=blas,
         )
         _add(definition)
         _register(name, definition, {})
@@ -238,6 +249,7 @@ def define(
     *,
     flops: FlopsFunction | None = None,
     fusion: Callable[[Attrs], FusionTemplate | None] | None = None,
+    blas: bool = False,
 ) -> Callable[[_M], _M]:
     """Add an op configured by attributes (a decorator over ``make(xp,
     attrs)``); its kernels are registered per configuration
@@ -247,11 +259,12 @@ def define(
     :param flops: the work estimate of its kernels.
     :param fusion: for an elementwise op, its fusion template for given
         attributes (``None`` where those do not fuse).
+    :param blas: whether its kernels call BLAS.
     :raises ValueError: if the name is taken.
     """
 
     def add(make: _M) -> _M:
-        _add(OpDef(name, make, flops, fusion_of=fusion))
+        _add(OpDef(name, make, flops, fusion_of=fusion, blas=blas))
         return make
 
     return add
@@ -265,6 +278,13 @@ def lookup(name: str) -> OpDef | None:
 def lookup_builtin(name: str) -> OpDef | None:
     """The built-in op whose kernel is ``name``, or ``None``."""
     return _BUILTIN.get(name)
+
+
+def calls_blas(func_name: str) -> bool:
+    """Whether the library kernel named ``func_name`` (a built-in op's name,
+    or ``<op>.<digest>`` of a configured op) calls BLAS."""
+    definition = lookup_builtin(func_name) or lookup(func_name.split(".", 1)[0])
+    return definition is not None and definition.blas
 
 
 def op_names() -> tuple[str, ...]:

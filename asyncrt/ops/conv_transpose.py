@@ -103,7 +103,7 @@ def _col2im(
     return _Col2Im(tuple(adds), tiles)
 
 
-@define("conv_transpose", flops=_flops)
+@define("conv_transpose", flops=_flops, blas=True)
 def _conv_transpose(xp: ModuleType, attrs: Attrs) -> Kernel:
     kernel = ints(attrs, "kernel_shape")
     strides = ints(attrs, "strides")

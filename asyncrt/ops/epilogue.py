@@ -78,7 +78,7 @@ def _compiles(*arrays: Array) -> bool:
 ACTIVATIONS = ("none", "gelu", "gelu_tanh")
 
 
-@define("matmul_bias", flops=_matmul_bias_flops)
+@define("matmul_bias", flops=_matmul_bias_flops, blas=True)
 def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
     activation = choice(attrs, "activation", ACTIVATIONS)
     gelu = activation != "none"
@@ -267,7 +267,7 @@ def _copies_right(right: Array) -> bool:
     )
 
 
-@define("matmul_views", flops=_matmul_views_flops)
+@define("matmul_views", flops=_matmul_views_flops, blas=True)
 def _matmul_views(xp: ModuleType, attrs: Attrs) -> Kernel:
     perm_a, perm_b = _perm(attrs, "perm_a"), _perm(attrs, "perm_b")
     perm_out = _perm(attrs, "perm_out")

@@ -25,7 +25,7 @@ def _gemm_flops(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]) -> float:
     return 2.0 * outs[0].size * math.sqrt(ins[0].size * ins[1].size / outs[0].size)
 
 
-@define("gemm", flops=_gemm_flops)
+@define("gemm", flops=_gemm_flops, blas=True)
 def _gemm(xp: ModuleType, attrs: Attrs) -> Kernel:
     alpha, beta = number(attrs, "alpha"), number(attrs, "beta")
     trans_a, trans_b = flag(attrs, "trans_a"), flag(attrs, "trans_b")

@@ -114,7 +114,7 @@ def _conv_flops(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]) -> float:
     return 2.0 * outs[0].size * math.prod(ins[1].shape[1:])
 
 
-@define("conv", flops=_conv_flops)
+@define("conv", flops=_conv_flops, blas=True)
 def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
     geometry = _geometry(attrs)
     group = integer(attrs, "group")

@@ -228,7 +228,7 @@ def _broadcast(xp: ModuleType, attrs: Attrs) -> Kernel:
     return broadcast
 
 
-@define("einsum")
+@define("einsum", blas=True)
 def _einsum(xp: ModuleType, attrs: Attrs) -> Kernel:
     equation = attrs.get("equation")
     if not isinstance(equation, str) or not equation.isascii():

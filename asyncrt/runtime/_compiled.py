@@ -21,7 +21,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from devices import Device, NDArray, from_dlpack, numpy_dtype
+from devices import Device, NDArray, from_dlpack, get_api, numpy_dtype
 from scheduler.dag import Entry, TensorSpec, node_spec
 from scheduler.dispatch import Kernel
 from scheduler.plan import Plan
@@ -33,6 +33,7 @@ from ..graph import Graph, to_dag
 from ..ops import register_graph_kernels
 from ..ops._fusion import elementwise_predicate, fuse_graph
 from ..ops._kernels import Module, resolve
+from ..ops._library import calls_blas
 from ..ops._work import annotate_work
 from ._options import ExecutorOptions
 
@@ -61,6 +62,15 @@ class CompiledGraph:
     plan: Plan
     kernels: dict[int, Kernel]
     params: frozenset[str]
+
+    @cached_property
+    def host_blas(self) -> bool:
+        """Whether a kernel on the host's cores calls BLAS."""
+        return any(
+            get_api(self.plan.placement[launch.nid].kind).is_host
+            and calls_blas(launch.func_name)
+            for launch in self.plan.kernel_launches()
+        )
 
     @cached_property
     def input_names(self) -> tuple[str, ...]:

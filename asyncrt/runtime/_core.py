@@ -166,6 +166,7 @@ class ExecutorCore(Guards):
             _threads.cpu_streams(self.compiled.plan),
             options.kernel_threads,
             options.max_contexts,
+            blas=self.compiled.host_blas,
         )
 
     # -- what was built ------------------------------------------------------------

@@ -23,14 +23,17 @@ over :attr:`ThreadLimits.compiled_threads`. A native pool's helper
 threads (BLAS, OpenMP) spin on the other cores for a while after each call
 (OpenBLAS: about 0.1 s), so a part run on a pool thread beside one gets
 about half a core: ``T`` equal parts finish in the time of ``2 / T`` of
-the whole, no faster at ``T = 2``. So where a native pool is in the
-process, compiled kernels split only over
-:data:`MIN_SPLIT_BESIDE_NATIVE` threads or more (``T`` else, one with
-fewer). Measured on 2 cores: two parts right after a GEMM took 1.37x the
-time of one; MobileNetV3 (GEMMs between depthwise loops) ran 18% faster
-with its compiled kernels unsplit, GPT-2 (GEMMs between fused epilogues)
-the same. On 16 cores the split still pays (an encoder's softmax at batch
-16: 2.9 -> 0.9 ms).
+the whole, no faster at ``T = 2``. So while an executor whose host
+kernels call BLAS (:attr:`~asyncrt.runtime._compiled.CompiledGraph.host_blas`:
+GEMMs, convolutions) holds a lease and a native pool is loaded, compiled
+kernels split only over :data:`MIN_SPLIT_BESIDE_NATIVE` threads or more
+(one with fewer); else over ``T``. A graph of elementwise work alone keeps
+its split (W2's eight branches, fused, 1.6x faster on 2 cores). Measured
+on 2 cores: two parts right after a GEMM took 1.37x the time of one;
+MobileNetV3 (GEMMs between depthwise loops) ran 18% faster with its
+compiled kernels unsplit, GPT-2 (GEMMs between fused epilogues) the same.
+On 16 cores the split still pays (an encoder's softmax at batch 16: 2.9
+-> 0.9 ms).
 
 **Runs in flight.** ``"auto"`` shares the cores among the runs in flight:
 a run alone gets ``C // S`` threads per pool (one run's latency), and while
@@ -182,6 +185,7 @@ class _Claim:
     threads: int  # alone (no run in flight)
     streams: int  # cpu compute streams a run of its executor keeps busy
     shared: bool
+    blas: bool = False  # its kernels call BLAS
     runs: int = 0
 
 
@@ -221,7 +225,12 @@ class ThreadLimits:
         self.compiled_threads = 1
 
     def acquire(
-        self, threads: int, *, streams: int = 1, shared: bool = False
+        self,
+        threads: int,
+        *,
+        streams: int = 1,
+        shared: bool = False,
+        blas: bool = False,
     ) -> ThreadLease:
         """Claim ``threads`` threads per pool until the lease is released.
 
@@ -230,6 +239,8 @@ class ThreadLimits:
         :param streams: the cpu compute streams one run keeps busy (>= 0).
         :param shared: give threads up while runs are in flight: at most
             ``max(1, cores // B)``, ``B`` the streams of every run in flight.
+        :param blas: whether the claimant's kernels call BLAS (whose helper
+            threads then spin beside compiled kernels' parts).
         :return: the lease.
         :raises ValueError: if ``threads`` < 1 or ``streams`` < 0.
         """
@@ -243,7 +254,7 @@ class ThreadLimits:
         with self._lock:
             key = self._next
             self._next += 1
-            self._claims[key] = _Claim(threads, streams, shared)
+            self._claims[key] = _Claim(threads, streams, shared, blas)
             if self._pools.add(libraries):  # loaded since: limit them too
                 self._applied = None
             self._apply(numexpr=True)
@@ -288,12 +299,15 @@ class ThreadLimits:
             else:
                 self._pools.limit(wanted)
             self.threads = 1 if wanted is None else wanted
-            # Helpers of a native pool spin on the cores after each call:
-            # compiled parts beside them get half a core (module docstring).
-            native = self._pools.native()
-            alone = self.threads < MIN_SPLIT_BESIDE_NATIVE
-            self.compiled_threads = 1 if native and alone else self.threads
             self._applied = wanted
+        # Helpers of a native pool spin on the cores after each call of an
+        # executor's BLAS kernels: compiled parts beside them get half a
+        # core (module docstring).
+        native = self._pools.native() and any(
+            claim.blas for claim in self._claims.values()
+        )
+        alone = self.threads < MIN_SPLIT_BESIDE_NATIVE
+        self.compiled_threads = 1 if native and alone else self.threads
         if numexpr:  # sized for one run alone: see the module docstring
             single = min((c.threads for c in self._claims.values()), default=None)
             if single != self._numexpr_applied:
@@ -455,7 +469,11 @@ def threads_for(
 
 
 def lease_for(
-    cpu_streams: int, kernel_threads: int | str, concurrent_runs: int = 1
+    cpu_streams: int,
+    kernel_threads: int | str,
+    concurrent_runs: int = 1,
+    *,
+    blas: bool = False,
 ) -> ThreadLease | None:
     """The lease an executor takes for its configuration.
 
@@ -466,10 +484,13 @@ def lease_for(
         cpu streams; ``"keep"`` (no lease: pools untouched); or a number of
         threads.
     :param concurrent_runs: ``R``, the runs that may be in flight at once.
+    :param blas: whether its plan's host kernels call BLAS.
     :return: the lease, or ``None``.
     :raises ValueError: for any other ``kernel_threads``.
     """
     threads = threads_for(cpu_streams, kernel_threads, concurrent_runs)
     if not isinstance(threads, int):
         return None
-    return limits.acquire(threads, streams=cpu_streams, shared=kernel_threads == "auto")
+    return limits.acquire(
+        threads, streams=cpu_streams, shared=kernel_threads == "auto", blas=blas
+    )

@@ -196,14 +196,28 @@ def test_compiled_kernels_split_only_where_no_native_pool_spins(
     native = bool(threadpoolctl.threadpool_info())
     limits = _threads.ThreadLimits(cores=4)
     for threads, split in ((2, 1 if native else 2), (3, 3), (4, 4)):
-        lease = limits.acquire(threads)
+        lease = limits.acquire(threads, blas=True)
         try:
             assert limits.threads == threads
             # two parts beside a spinning BLAS helper: no faster than one
             assert limits.compiled_threads == split
+            # another executor's claim without BLAS changes nothing
+            other = limits.acquire(threads)
+            assert limits.compiled_threads == split
+            other.release()
         finally:
             lease.release()
         assert limits.compiled_threads == 1
+    # without BLAS kernels, no helper spins: the parts split
+    lease = limits.acquire(2)
+    try:
+        assert limits.compiled_threads == 2
+        with_blas = limits.acquire(2, blas=True)
+        assert limits.compiled_threads == (1 if native else 2)
+        with_blas.release()
+        assert limits.compiled_threads == 2
+    finally:
+        lease.release()
 
     class NoLibraries:
         lib_controllers: tuple[object, ...] = ()
@@ -217,3 +231,21 @@ def test_compiled_kernels_split_only_where_no_native_pool_spins(
         assert _threads.shares(8, 100) == [(0, 2), (2, 4), (4, 6), (6, 8)]
     finally:
         lease.release()
+
+
+def test_an_executor_knows_whether_its_host_kernels_call_blas() -> None:
+    from asyncrt.frontend import from_onnx
+    from asyncrt.ops._library import calls_blas
+
+    from .frontend.models import encoder_block
+    from .test_fusion import CHAIN_PARAMS, chain_graph
+
+    assert calls_blas("matmul") and not calls_blas("add")
+    assert calls_blas("conv.0123abcd") and not calls_blas("max_pool.0123abcd")
+    graph, params = from_onnx(encoder_block())
+    with graph_executor.create(graph, None, "cpu", params=params) as ex:
+        assert ex.core.compiled.host_blas
+    with graph_executor.create(chain_graph(), None, "cpu", params=CHAIN_PARAMS) as ex:
+        assert not ex.core.compiled.host_blas
+    with graph_executor.create(graph, None, "sim", params=params) as ex:
+        assert not ex.core.compiled.host_blas  # (off the host's cores)
