@@ -443,7 +443,8 @@ def check_no_overlap(
                 continue
             b_start = plan.offsets[b_key]
             b_end = b_start + requests[index[b_key]].nbytes
-            if a_start < b_end and b_start < a_end:
+            # (half-open ranges: an empty one shares no byte, wherever it is)
+            if max(a_start, b_start) < min(a_end, b_end):
                 raise PlanError(
                     f"conflicting tensors overlap: {a.key!r} at [{a_start}, {a_end}) "
                     f"and {b_key!r} at [{b_start}, {b_end})"

@@ -100,6 +100,13 @@ def test_empty_and_zero_sized() -> None:
     plan = plan_offsets(requests, conflicts)
     assert dict(plan.offsets) == {"a": 0, "b": 0}
     check_no_overlap(plan, requests, conflicts)
+    # An empty tensor inside a conflicting one's bytes shares none of them
+    # (the random liveness test once drew one at 508 inside [504, 512)).
+    inside = ArenaPlan({"a": 4, "b": 0}, 8, 8)
+    check_no_overlap(inside, requests, conflicts)
+    wider = _requests({"a": 1, "b": 8})
+    with pytest.raises(PlanError, match="overlap"):
+        check_no_overlap(inside, wider, conflicts)
 
 
 def test_plan_str() -> None:
