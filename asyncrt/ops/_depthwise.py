@@ -375,6 +375,7 @@ def bind_depthwise(
     dilations: tuple[int, ...],
     *,
     activation: str = "none",
+    constant_weights: bool = False,
 ) -> Callable[[], None]:
     """The depthwise convolution of :func:`takes`' arrays as a call without
     arguments (compiled on the first binding of a process): its
@@ -383,6 +384,9 @@ def bind_depthwise(
     :param bias: ``(C,)`` or ``None``.
     :param begin: the pads before each spatial axis (those after follow
         from the shapes).
+    :param constant_weights: ``w``'s values stay as they are while the
+        binding lives (parameters): the channels-last copy of the weights
+        is made once, not per call.
     """
     if out.shape[3] >= PLANAR_MIN_WIDTH:
         geometry = (*strides, *begin, *dilations)
@@ -402,8 +406,12 @@ def bind_depthwise(
     )
     copyto = np.copyto
 
+    if constant_weights:
+        copyto(taps, weights)
+
     def depthwise() -> None:
-        copyto(taps, weights)  # parameters may be reloaded
+        if not constant_weights:
+            copyto(taps, weights)  # an input's values change per run
         copyto(pixels, source)
         compute()
         copyto(out, planar)

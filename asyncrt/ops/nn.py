@@ -188,7 +188,9 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         bias = rest[0].reshape(group, mg, *(1,) * rank) if has_bias else None
         add_bias_activation(xp, grouped, bias, grouped, activation)
 
-    def depthwise(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
+    def depthwise(
+        x: Array, w: Array, *rest: Array, constant_weights: bool = False
+    ) -> Callable[[], None]:
         out = rest[-1]
         begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
         return _depthwise.bind_depthwise(
@@ -200,6 +202,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             begin,
             geometry.dilations,
             activation=activation,
+            constant_weights=constant_weights,
         )
 
     def by_groups(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
@@ -262,7 +265,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         # the epilogue's loops compiled now, not on the first run
         _conv_epilogue.warm(xp, out.dtype, activation, has_bias)
         if out.size and _depthwise.takes(xp, x, w, out, group):
-            return depthwise(x, w, *rest)
+            return depthwise(x, w, *rest, constant_weights=1 in constant)
         if out.size and _depthwise.groups(xp, x, w, out, group):
             return by_groups(x, w, *rest)
         if out.size and _winograd.takes(

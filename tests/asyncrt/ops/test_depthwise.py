@@ -153,3 +153,23 @@ def test_few_channels_and_other_layouts_take_the_numpy_paths() -> None:
     assert not _depthwise.takes(np, x16[:, :, ::2], w16, out16, 16)  # strided
     assert not _depthwise.takes(np, x16, np.zeros((32, 1, 3, 3), np.float32), out16, 16)
     assert not _depthwise.takes(np, x16.astype(np.float16), w16, out16, 16)
+
+
+@pytest.mark.parametrize("constant", [False, True])
+def test_channels_last_weights_are_copied_per_call_unless_constant(
+    constant: bool,
+) -> None:
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 32, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((32, 1, 5, 5)).astype(np.float32)
+    out = np.empty((1, 32, 6, 6), np.float32)
+    assert out.shape[3] < _depthwise.PLANAR_MIN_WIDTH  # the pixels' layout
+    kernel = conv_kernel([5, 5], [1, 1], [2] * 4, [1, 1], 32, bias=False, relu=False)
+    call = kernel.bind(x, w, out, constant=frozenset({1} if constant else ()))
+    call()
+    first = _reference(x, w, None, [1, 1], [2] * 4, [1, 1])
+    np.testing.assert_allclose(out, first, rtol=1e-5, atol=1e-5)
+    w *= 2  # a graph input's new values (a parameter's never change)
+    call()
+    want = first if constant else 2 * first
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
