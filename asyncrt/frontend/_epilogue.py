@@ -18,7 +18,10 @@ as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
   made before the Add).
 * attention's ``Div(X, C)`` (or ``Mul``), ``C`` a constant scalar, ``->
   Add(M) -> Softmax`` over the last axis (opset 13 on) becomes
-  ``ScaleAddSoftmax(X, C, M)``.
+  ``ScaleAddSoftmax(X, C, M)``; a causal mask as PyTorch exports it,
+  ``-> Where(K, scaled, F) -> Softmax`` (or ``Where(K, F, scaled)``), ``F``
+  a constant scalar, becomes ``ScaleWhereSoftmax(X, C, K, F)``, attribute
+  ``keep`` (1: the scores stay where ``K`` holds, 0: where it does not).
 * ``Transpose -> Transpose`` becomes one Transpose (the permutations
   composed); then a MatMul that reads Transposes (explicit permutations)
   or is read by one becomes ``TransposedMatMul(A, B)`` with attributes
@@ -303,9 +306,10 @@ class _Fuser:
             if scale is None or scale.size != 1 or scale.dtype not in _FLOATS:
                 continue
             try:
-                add_index, add = self.only_reader(node.output[0], "Add")
-                mask = self.other(add, node.output[0])
-                soft_index, soft = self.only_reader(add.output[0], "Softmax")
+                mask_index, inputs, attrs = self.mask_of(node.output[0])
+                soft_index, soft = self.only_reader(
+                    self.nodes_output(mask_index), "Softmax"
+                )
             except LookupError:
                 continue
             axis = next(
@@ -314,17 +318,46 @@ class _Fuser:
             if len(soft.attribute) > 1 or axis != -1:
                 continue
             fused = onnx.helper.make_node(
-                "ScaleAddSoftmax",
-                [node.input[0], node.input[1], mask],
+                "ScaleWhereSoftmax" if "keep" in attrs else "ScaleAddSoftmax",
+                [node.input[0], node.input[1], *inputs],
                 [soft.output[0]],
                 name=soft.name,
                 domain=PRIVATE_DOMAIN,
                 divide=int(is_op(node, "Div")),
             )
+            fused.attribute.extend(
+                onnx.helper.make_attribute(key, value) for key, value in attrs.items()
+            )
             self.nodes[soft_index] = fused
-            self.nodes[index] = self.nodes[add_index] = None
+            self.nodes[index] = self.nodes[mask_index] = None
             count += 2
         return count
+
+    def nodes_output(self, index: int) -> str:
+        node = self.nodes[index]
+        assert node is not None
+        return str(node.output[0])
+
+    def mask_of(self, scores: str) -> tuple[int, list[str], dict[str, int]]:
+        """The node that alone reads attention's scaled ``scores`` and masks
+        them: an ``Add(M)`` (its index, ``[M]``, no attributes) or a
+        ``Where(K, scores, F)`` / ``Where(K, F, scores)`` with ``F`` a
+        constant scalar (``[K, F]``, ``keep``); raises ``LookupError``
+        where there is none."""
+        try:
+            index, add = self.only_reader(scores, "Add")
+            return index, [self.other(add, scores)], {}
+        except LookupError:
+            index, where = self.only_reader(scores, "Where")
+        condition, *branches = where.input
+        if len(branches) != 2 or scores == condition or branches.count(scores) != 1:
+            raise LookupError(scores)
+        keep = branches[0] == scores
+        fill = str(branches[1] if keep else branches[0])
+        value = self.const(fill)
+        if value is None or value.size != 1 or value.dtype not in _FLOATS:
+            raise LookupError(scores)
+        return index, [str(condition), fill], {"keep": int(keep)}
 
     def perm(self, node: onnx.NodeProto) -> list[int] | None:
         """A Transpose's explicit permutation (``None`` without one: the

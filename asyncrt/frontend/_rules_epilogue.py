@@ -11,6 +11,9 @@
 * ``ScaleAddSoftmax(X, C, M)``, attribute ``divide`` (1: ``X / C``, 0:
   ``X * C``): ``Softmax(X / C + M)`` over the last axis, the library's
   ``scale_add_softmax``.
+* ``ScaleWhereSoftmax(X, C, K, F)``, attributes ``divide`` and ``keep``:
+  ``Softmax(Where(K, X / C, F))`` (``Where(K, F, X / C)`` with ``keep``
+  0) over the last axis, the library's ``scale_where_softmax``.
 """
 
 from __future__ import annotations
@@ -73,6 +76,27 @@ def _scale_add_softmax(ctx: NodeContext) -> Lowering:
     ctx.correct_outputs([TensorSpec(shape, x.dtype)])
     attrs = {"divide": bool(ctx.attr("divide", 1)), "axes": [len(shape) - 1]}
     return Call("scale_add_softmax", (0, 1, 2), attrs)
+
+
+@private_rule("ScaleWhereSoftmax", "Softmax", attrs=("divide", "keep"))
+def _scale_where_softmax(ctx: NodeContext) -> Lowering:
+    specs = [ctx.spec(i) for i in range(4)]
+    try:
+        shape = tuple(int(d) for d in np.broadcast_shapes(*(s.shape for s in specs)))
+    except ValueError:
+        shape = None
+    if shape is None or not shape or specs[2].dtype != "bool":
+        reason = "cannot mask {} scaled by {} where {} ({}) with {}".format(
+            *(list(s.shape) for s in specs[:3]), specs[2].dtype, list(specs[3].shape)
+        )
+        raise ctx.unsupported(reason) from InferenceFailed(reason)
+    ctx.correct_outputs([TensorSpec(shape, specs[0].dtype)])
+    attrs = {
+        "divide": bool(ctx.attr("divide", 1)),
+        "keep": bool(ctx.attr("keep", 1)),
+        "axes": [len(shape) - 1],
+    }
+    return Call("scale_where_softmax", (0, 1, 2, 3), attrs)
 
 
 def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:

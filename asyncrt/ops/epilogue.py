@@ -21,6 +21,13 @@ round trip through memory per op:
   attention's ``softmax(x / c + m)`` (or ``x * c``): the three kernels
   the unfused graph runs, in place in ``out`` (the unfused bits, one launch
   and no intermediate tensors).
+* ``scale_where_softmax(x, c, k, f, out)``, attributes ``divide``,
+  ``keep`` and ``axes``: a causal mask as PyTorch exports it,
+  ``softmax(where(k, x / c, f))`` (``where(k, f, x / c)`` without
+  ``keep``): the scaled scores written into ``out``, the fill copied over
+  the masked cells (the condition inverted once where it is a parameter),
+  then the softmax in place: the unfused bits, without the Where's pass
+  and tensor.
 * ``matmul_views(a, b, out)``, attributes ``perm_a``, ``perm_b`` and
   ``perm_out`` (each a permutation or ``None``): attention's ``Transpose ->
   MatMul -> Transpose`` as one matmul over transposed views. BLAS reads a
@@ -195,21 +202,30 @@ def _add_layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
     return Bindable(add_layer_norm, bind)
 
 
-@define("scale_add_softmax", flops=lambda ins, outs: 4.0 * outs[0].size)
-def _scale_add_softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
-    divide = flag(attrs, "divide")
+def _softmax_in_place(xp: ModuleType, attrs: Attrs) -> Callable[[Array], Kernel]:
+    """The library's softmax over ``attrs["axes"]``, bound in place to an
+    array (it is in place safe)."""
     softmax_op = lookup("softmax")
     if softmax_op is None:  # pragma: no cover - the library defines it
         raise ValueError("the library has no softmax op")
     softmax = softmax_op.make(xp, {"axes": attrs.get("axes"), "log": False})
+
+    def bound(out: Array) -> Kernel:
+        if isinstance(softmax, Bindable):
+            return softmax.bind(out, out)
+        return functools.partial(softmax, out, out)
+
+    return bound
+
+
+@define("scale_add_softmax", flops=lambda ins, outs: 4.0 * outs[0].size)
+def _scale_add_softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
+    divide = flag(attrs, "divide")
+    softmax_of = _softmax_in_place(xp, attrs)
     scale, add = (xp.divide if divide else xp.multiply), xp.add
 
     def bind(x: Array, c: Array, m: Array, out: Array) -> Callable[[], None]:
-        normalise = (  # the library's softmax is in place safe
-            softmax.bind(out, out)
-            if isinstance(softmax, Bindable)
-            else functools.partial(softmax, out, out)
-        )
+        normalise = softmax_of(out)
 
         def scale_add_softmax() -> None:
             scale(x, c, out, casting="unsafe")
@@ -222,6 +238,38 @@ def _scale_add_softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
         bind(x, c, m, out)()
 
     return Bindable(call, bind)
+
+
+@define("scale_where_softmax", flops=lambda ins, outs: 4.0 * outs[0].size)
+def _scale_where_softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
+    divide, keep = flag(attrs, "divide"), flag(attrs, "keep")
+    softmax_of = _softmax_in_place(xp, attrs)
+    scale = xp.divide if divide else xp.multiply
+
+    def bind(
+        x: Array,
+        c: Array,
+        k: Array,
+        f: Array,
+        out: Array,
+        constant: frozenset[int] = frozenset(),
+    ) -> Callable[[], None]:
+        normalise = softmax_of(out)
+        # the cells that take the fill: where k does not hold, with keep
+        filled = xp.logical_not(k) if keep and 2 in constant else None
+
+        def scale_where_softmax() -> None:
+            scale(x, c, out, casting="unsafe")
+            where = filled if filled is not None else xp.logical_not(k) if keep else k
+            xp.copyto(out, f, casting="unsafe", where=where)
+            normalise()
+
+        return scale_where_softmax
+
+    def call(x: Array, c: Array, k: Array, f: Array, out: Array) -> None:
+        bind(x, c, k, f, out)()
+
+    return Bindable(call, bind, takes_constant=True)
 
 
 def _inverse(perm: Sequence[int]) -> tuple[int, ...]:

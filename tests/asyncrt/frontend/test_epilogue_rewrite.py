@@ -225,6 +225,64 @@ def test_a_softmax_of_another_axis_or_old_opset_keeps_its_nodes(
     _check(model, _attention_feeds())
 
 
+def _causal(
+    keep: bool, scale_op: str = "Div", mask_input: bool = False, fill: float = -np.inf
+) -> onnx.ModelProto:
+    """softmax(where(mask, s / sqrt 8, fill)) as PyTorch exports a causal
+    mask (or ``where(mask, fill, s / sqrt 8)`` without ``keep``)."""
+    causal = np.tril(np.ones((4, 4), bool)).reshape(1, 1, 4, 4)
+    inits = [_scalar("c", math.sqrt(8.0)), _scalar("fill", fill)]
+    inputs = [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, 3, 4, 4])]
+    if mask_input:
+        inputs.append(
+            helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 1, 4, 4])
+        )
+    else:
+        inits.append(numpy_helper.from_array(causal if keep else ~causal, "mask"))
+    branches = ["scaled", "fill"] if keep else ["fill", "scaled"]
+    nodes = [
+        helper.make_node(scale_op, ["s", "c"], ["scaled"], name="scale"),
+        helper.make_node("Where", ["mask", *branches], ["masked"], name="where"),
+        helper.make_node("Softmax", ["masked"], ["p"], axis=-1, name="softmax"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        inputs,
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["d"])],
+        inits,
+    )
+    return model_of(graph, 17)
+
+
+@pytest.mark.parametrize("mask_input", [False, True])
+@pytest.mark.parametrize("scale_op", ["Div", "Mul"])
+@pytest.mark.parametrize("keep", [True, False])
+def test_scale_causal_where_and_softmax_fuse(
+    keep: bool, scale_op: str, mask_input: bool
+) -> None:
+    model = _causal(keep, scale_op, mask_input)
+    done = rewrite(model)
+    assert _ops(done.model) == ["ScaleWhereSoftmax"]
+    (node,) = done.model.graph.node
+    assert list(node.input) == ["s", "c", "mask", "fill"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs == {"divide": int(scale_op == "Div"), "keep": int(keep)}
+    feeds = {"s": _f32(2, 3, 4, 4) * 4}
+    if mask_input:
+        causal = np.tril(np.ones((4, 4), bool)).reshape(1, 1, 4, 4)
+        feeds["mask"] = causal if keep else ~causal
+    _check(model, feeds, rtol=0.0)  # the unfused kernels' bits
+
+
+def test_a_where_without_a_constant_scalar_fill_keeps_its_nodes() -> None:
+    model = _causal(True)
+    fill = model.graph.initializer[1]
+    fill.CopyFrom(numpy_helper.from_array(np.full(4, -1e9, np.float32), "fill"))
+    assert _ops(rewrite(model).model) == ["Div", "Where", "Softmax"]
+    _check(model, {"s": _f32(2, 3, 4, 4)})
+
+
 def _heads(extra_output: str | None = None, vector: bool = False) -> onnx.ModelProto:
     """Attention's head split and merge: q, k (2, 5, 3, 4) as (batch, seq,
     heads, dim); ``(q^T @ (k^T)^T)^T``; with ``vector``, also ``x^T @ v``."""
