@@ -45,6 +45,7 @@ from . import (
     _depthwise,
     _epijit,
     _jit,
+    _row_chunks,
     _scratch,
     _winograd,
 )
@@ -227,7 +228,10 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         be a copy), or the strides are 1 and the flat-plane im2col does as
         well: a 1x1 kernel (no copy at all), a column matrix of fewer than
         :data:`TAPS_MIN_CELLS` cells (the extra copies' calls would cost
-        more) or of more than ``CHUNK_BYTES`` (it chunks the batch)."""
+        more) or of more than ``CHUNK_BYTES`` (it chunks the batch). Deep
+        enough columns are made a few output rows at a time by a compiled
+        gather, each chunk multiplied while in cache
+        (:mod:`asyncrt.ops._row_chunks`)."""
         out = rest[-1]
         if w.shape[1] == 1 or not all(a.flags.c_contiguous for a in (x, w, *rest)):
             return None
@@ -237,11 +241,23 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             if taps == 1 or not TAPS_MIN_CELLS <= cells <= CHUNK_BYTES // x.itemsize:
                 return None
         begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
+        bias = rest[0] if has_bias else None
+        if _row_chunks.takes(x, w, out, group):
+            return _row_chunks.bind_row_chunks(
+                x,
+                w,
+                bias,
+                out,
+                geometry.strides,
+                begin,
+                geometry.dilations,
+                activation=activation,
+            )
         return bind_strided(
             xp,
             x,
             w,
-            rest[0] if has_bias else None,
+            bias,
             out,
             group,
             geometry.strides,

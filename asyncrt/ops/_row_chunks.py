@@ -1,0 +1,169 @@
+"""A strided 2-D convolution's column matrix made a few output rows at a
+time, each chunk multiplied while it is in cache.
+
+:mod:`asyncrt.ops._strided` builds the whole column matrix with one numpy
+copy per kernel tap, then runs one GEMM. For a large one that is slow
+twice: ResNet's stem (3 -> 64 channels, 7 x 7 at stride 2, 224 x 224)
+writes 7.4 MB of columns through 49 strided copies (1.2 ms of its 2.7),
+and its GEMM then reads them back from memory. Here the padded input is
+split into its stride phases once (a numpy copy per phase), a compiled
+loop (:func:`_gather_rows`) copies each tap's rows of a chunk of output
+rows into a column matrix of about :data:`CHUNK_BYTES`, and BLAS writes
+that chunk's columns of the output (``out`` viewed ``(M, rows * width)``,
+at its row stride). The bias and activation follow in one pass
+(:mod:`asyncrt.ops._conv_epilogue`).
+
+Measured on one thread (``bench/bench_ops.py``), ResNet's stem 3.3-3.4 ->
+2.8 ms and 128 -> 256 channels at stride 2, 28 x 28, 1.34-1.41 -> 1.30-1.32
+ms; in ResNet-18 on two threads, where its GEMMs stream the weights from
+memory, the same (a serving process's one-thread runs gain).
+
+The columns and their order are those of :mod:`asyncrt.ops._strided`, so
+each output is the same dot product; BLAS may block a narrower GEMM
+differently, so results agree within float32 rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import _jit
+from ._common import Array
+from ._conv_epilogue import add_bias_activation
+
+__all__ = ("CHUNK_BYTES", "MIN_DEPTH", "bind_row_chunks", "takes")
+
+#: The column matrix of one chunk of output rows, at most (about L2's share
+#: of one core): one row at least.
+CHUNK_BYTES = 1 << 20
+#: Columns shorter than this (input channels times taps) take
+#: :mod:`._strided`: 3 -> 32 channels, 3 x 3 at stride 2, 224 x 224, ran
+#: 1.27x slower here. Measured against it (one run, 2 cores): 64 -> 128
+#: channels, 3 x 3 at stride 2, 56 x 56: 0.78x; 512 x 7 x 7 at stride 1:
+#: 0.76x; 64 x 14 x 14: 0.67x; ResNet's stem (147 deep): 1.04x.
+MIN_DEPTH = 64
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _gather_rows(  # pragma: no cover - compiled by numba
+    phases: Any,
+    cols: Any,
+    taps: Any,
+    first_row: int,
+    rows: int,
+    out_w: int,
+) -> None:
+    """``cols[c * T + t, r * out_w + q] = phases[c, plane_t, first_row + r +
+    dy_t, dx_t + q]`` for ``rows`` output rows, ``taps[t] = (plane_t, dy_t,
+    dx_t)``."""
+    channels = np.uint64(phases.shape[0])
+    count = np.uint64(taps.shape[0])
+    width = np.uint64(out_w)
+    # Unsigned indices: numba wraps negative signed ones (no vectors), and
+    # no views: numba counts every view's references (atomics).
+    for c in range(channels):
+        for t in range(count):
+            plane = np.uint64(taps[t, 0])
+            dy = np.uint64(taps[t, 1])
+            dx = np.uint64(taps[t, 2])
+            k = c * count + t
+            for r in range(np.uint64(rows)):
+                row = np.uint64(first_row) + r + dy
+                base = r * width
+                for q in range(width):
+                    cols[k, base + q] = phases[c, plane, row, dx + q]
+
+
+def takes(x: Array, w: Array, out: Array, group: int) -> bool:
+    """Whether a convolution of these arrays takes the row chunks: numpy
+    float32 or float64, 2-D, one group, C-contiguous, numba available, and
+    columns at least :data:`MIN_DEPTH` deep."""
+    return bool(
+        isinstance(x, np.ndarray)
+        and x.ndim == 4
+        and w.ndim == 4
+        and group == 1
+        and x.dtype in _DTYPES
+        and x.dtype == w.dtype == out.dtype
+        and all(a.flags.c_contiguous for a in (x, w, out))
+        and math.prod(w.shape[1:]) >= MIN_DEPTH
+        and out.size > 0
+        and _jit.available()
+    )
+
+
+def bind_row_chunks(
+    x: Array,
+    w: Array,
+    bias: Array | None,
+    out: Array,
+    strides: tuple[int, ...],
+    begin: tuple[int, ...],
+    dilations: tuple[int, ...],
+    *,
+    activation: str = "none",
+) -> Callable[[], None]:
+    """``out = activation(conv(x, w) + bias)`` for :func:`takes`' arrays,
+    as a call without arguments.
+
+    :param bias: ``(M,)`` or ``None``.
+    :param begin: the pads before each spatial axis.
+    """
+    n, c, height, width = x.shape
+    m, _, k_h, k_w = w.shape
+    out_h, out_w = out.shape[2:]
+    (s_h, s_w), (d_h, d_w), (p_h, p_w) = strides, dilations, begin
+    # Each phase holds the padded cells at one (row, column) offset modulo
+    # the strides; a tap reads a window of one phase.
+    phase_h = out_h + (k_h - 1) * d_h // s_h
+    phase_w = out_w + (k_w - 1) * d_w // s_w
+    padded = np.zeros((c, phase_h * s_h, phase_w * s_w), x.dtype)
+    rows_in = min(height, padded.shape[1] - p_h)
+    cols_in = min(width, padded.shape[2] - p_w)
+    interior = padded[:, p_h : p_h + rows_in, p_w : p_w + cols_in]
+    phases = np.empty((c, s_h * s_w, phase_h, phase_w), x.dtype)
+    picks = [
+        (phases[:, a * s_w + e], padded[:, a::s_h, e::s_w])
+        for a in range(s_h)
+        for e in range(s_w)
+    ]
+    taps = np.array(
+        [
+            (
+                (i * d_h % s_h) * s_w + j * d_w % s_w,
+                i * d_h // s_h,
+                j * d_w // s_w,
+            )
+            for i in range(k_h)
+            for j in range(k_w)
+        ],
+        np.int64,
+    )
+    depth = c * len(taps)
+    rows = max(1, min(out_h, CHUNK_BYTES // (depth * out_w * x.itemsize)))
+    cols = np.empty((depth, rows * out_w), x.dtype)
+    weights = w.reshape(m, depth)
+    planes = out.reshape(n, m, out_h * out_w)
+    chunks = [(top, min(rows, out_h - top)) for top in range(0, out_h, rows)]
+    gather = _jit.compile_kernel(_gather_rows)
+    _jit.specialise(gather, (phases, cols, taps, 0, rows, out_w))
+    bias_view = None if bias is None else bias.reshape(1, m, 1, 1)
+    copyto, matmul = np.copyto, np.matmul
+
+    def row_chunks() -> None:
+        for image in range(n):
+            copyto(interior, x[image, :, :rows_in, :cols_in])
+            for phase, pick in picks:
+                copyto(phase, pick)
+            for top, count in chunks:
+                gather(phases, cols, taps, top, count, out_w)
+                span = count * out_w
+                into = planes[image, :, top * out_w : top * out_w + span]
+                matmul(weights, cols[:, :span], out=into)
+        add_bias_activation(np, out, bias_view, out, activation)
+
+    return row_chunks

@@ -1,0 +1,88 @@
+"""Strided convolutions whose columns are made a few output rows at a time
+(a compiled gather, one GEMM per chunk) against a float64 reference:
+strides, dilations, uneven pads, batches, one row a chunk, float64, the
+fused activations, a binding that reads its arrays anew; and the
+convolutions left to the whole column matrix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncrt.ops import _row_chunks
+
+from .conv_reference import conv_kernel, conv_reference
+
+pytest.importorskip("numba")
+
+CASES = [
+    # x shape, weights shape, strides, pads (begins, then ends), dilations
+    ((1, 16, 23, 21), (24, 16, 3, 3), [2, 2], [1, 1, 1, 1], [1, 1]),
+    ((2, 8, 19, 26), (12, 8, 3, 5), [3, 2], [0, 2, 1, 0], [1, 1]),
+    ((1, 16, 17, 17), (8, 16, 3, 3), [1, 1], [2, 2, 2, 2], [2, 2]),
+    ((1, 3, 30, 30), (16, 3, 7, 7), [2, 2], [3, 3, 3, 3], [1, 1]),  # a stem
+    ((1, 64, 9, 9), (32, 64, 3, 3), [1, 1], [0, 0, 0, 0], [1, 1]),
+]
+
+
+def _activation(a: np.ndarray[Any, Any], activation: str) -> np.ndarray[Any, Any]:
+    if activation == "relu":
+        return np.maximum(a, 0)
+    if activation == "hard_swish":
+        return a * np.clip(a / 6 + 0.5, 0, 1)
+    return a
+
+
+@pytest.mark.parametrize("one_row", [False, True])
+@pytest.mark.parametrize(
+    ("dtype", "activation"),
+    [(np.float32, "none"), (np.float32, "hard_swish"), (np.float64, "relu")],
+)
+@pytest.mark.parametrize(("xs", "ws", "strides", "pads", "dilations"), CASES)
+def test_row_chunks_match_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+    xs: tuple[int, ...],
+    ws: tuple[int, ...],
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    dtype: Any,
+    activation: str,
+    one_row: bool,
+) -> None:
+    if one_row:
+        monkeypatch.setattr(_row_chunks, "CHUNK_BYTES", 1)
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    want = conv_reference(x, w, b, 1, strides, pads, dilations)
+    out = np.full(want.shape, np.nan, dtype)
+    assert _row_chunks.takes(x, w, out, 1)
+    kernel = conv_kernel(
+        list(ws[2:]), strides, pads, dilations, 1, bias=True, activation=activation
+    )
+    call = kernel.bind(x, w, b, out)
+    call()
+    x[...] = rng.standard_normal(xs)  # a binding reads its arrays anew
+    want = _activation(conv_reference(x, w, b, 1, strides, pads, dilations), activation)
+    call()
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(out, want, rtol=tolerance, atol=tolerance * scale)
+
+
+def test_shallow_grouped_and_foreign_arrays_keep_the_whole_matrix() -> None:
+    x = np.zeros((1, 16, 20, 20), np.float32)
+    out = np.zeros((1, 8, 10, 10), np.float32)
+    assert _row_chunks.takes(x, np.zeros((8, 16, 3, 3), np.float32), out, 1)
+    # 4 x 3 x 3 = 36 deep: the whole matrix's copies are as fast
+    assert not _row_chunks.takes(x[:, :4], np.zeros((8, 4, 3, 3), np.float32), out, 1)
+    assert not _row_chunks.takes(x, np.zeros((8, 8, 3, 3), np.float32), out, 2)
+    volume = np.zeros((1, 16, 8, 8, 8), np.float32)
+    cube = np.zeros((8, 16, 3, 3, 3), np.float32)
+    assert not _row_chunks.takes(volume, cube, np.zeros((1, 8, 4, 4, 4)), 1)
+    halves = np.zeros((1, 16, 20, 20), np.float16)
+    assert not _row_chunks.takes(halves, np.zeros((8, 16, 3, 3), np.float16), out, 1)
