@@ -78,7 +78,7 @@ import importlib.util
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -154,30 +154,40 @@ class ThreadLease:
         self.threads = threads
         self.shared = shared
 
-    @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
+    def running(self) -> contextlib.AbstractContextManager[None]:
         """Count one run of this lease's executor as in flight while the
         block runs (thread-safe; the pools are resized if their share
         changes)."""
-        self._owner._runs(self._key, 1)
-        try:
-            yield
-        finally:
-            self._owner._runs(self._key, -1)
+        return _Running(self._owner, self._key)
 
     def release(self) -> None:
         """Give the claim back (idempotent); the limits are recomputed."""
         self._owner._release(self._key)
 
 
-@contextlib.contextmanager
-def running(lease: ThreadLease | None) -> Iterator[None]:
+class _Running:
+    """A run in flight, counted while the block runs (a class, not a
+    generator: it is entered twice per run, and a tiny model's run takes
+    tens of microseconds)."""
+
+    __slots__ = ("_key", "_owner")
+
+    def __init__(self, owner: ThreadLimits, key: int) -> None:
+        self._owner, self._key = owner, key
+
+    def __enter__(self) -> None:
+        self._owner._runs(self._key, 1)
+
+    def __exit__(self, *exc: object) -> None:
+        self._owner._runs(self._key, -1)
+
+
+_NOT_COUNTED = contextlib.nullcontext()
+
+
+def running(lease: ThreadLease | None) -> contextlib.AbstractContextManager[None]:
     """:meth:`ThreadLease.running` of ``lease``, or nothing without one."""
-    if lease is None:
-        yield
-    else:
-        with lease.running():
-            yield
+    return _NOT_COUNTED if lease is None else lease.running()
 
 
 @dataclass
@@ -209,8 +219,14 @@ class ThreadLimits:
         self, cores: int | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._lock = threading.Lock()
-        self._cores = cores
+        self._cores = cores  # (None: the affinity's, read once when needed)
         self._clock = clock
+        self._busy = 0  # cpu streams of the runs in flight
+        # from the claims (_claims_changed)
+        self._blas = False  # a claim's kernels call BLAS
+        self._fewest = 0
+        self._fewest_unshared: int | None = None
+        self._fewest_shared: int | None = None
         self._shared_at = -float("inf")  # when runs last shared the pools
         self._claims: dict[int, _Claim] = {}
         self._next = 0
@@ -255,6 +271,7 @@ class ThreadLimits:
             key = self._next
             self._next += 1
             self._claims[key] = _Claim(threads, streams, shared, blas)
+            self._claims_changed()
             if self._pools.add(libraries):  # loaded since: limit them too
                 self._applied = None
             self._apply(numexpr=True)
@@ -262,7 +279,10 @@ class ThreadLimits:
 
     def _release(self, key: int) -> None:
         with self._lock:
-            if self._claims.pop(key, None) is not None:
+            claim = self._claims.pop(key, None)
+            if claim is not None:
+                self._busy -= claim.streams * claim.runs
+                self._claims_changed()
                 self._apply(numexpr=True)
 
     def _runs(self, key: int, change: int) -> None:
@@ -270,25 +290,41 @@ class ThreadLimits:
             claim = self._claims.get(key)
             if claim is not None:  # else released while the run was in flight
                 claim.runs += change
+                self._busy += claim.streams * change
                 self._apply(numexpr=False)
+
+    def _claims_changed(self) -> None:
+        """Derive what every run's :meth:`_apply` reads from the claims (a
+        run starts and ends in a few microseconds: no loops there)."""
+        claims = self._claims.values()
+        self._blas = any(claim.blas for claim in claims)
+        self._fewest = min((c.threads for c in claims), default=0)
+        self._fewest_unshared = min(
+            (c.threads for c in claims if not c.shared), default=None
+        )
+        self._fewest_shared = min((c.threads for c in claims if c.shared), default=None)
 
     def wanted(self) -> int | None:
         """The threads per pool the claims ask for now, or ``None`` for none
         (the pools may stay smaller for :data:`GROW_BACK_SECONDS`)."""
         if not self._claims:
             return None
-        busy = sum(c.streams * c.runs for c in self._claims.values())
-        share = max(1, (self._cores or available_cores()) // busy) if busy else None
-        return min(
-            min(c.threads, share) if c.shared and share is not None else c.threads
-            for c in self._claims.values()
-        )
+        busy = self._busy
+        if busy and self._cores is None:
+            self._cores = available_cores()
+        wanted = self._fewest_shared
+        if wanted is not None and busy:
+            wanted = min(wanted, max(1, (self._cores or 1) // busy))
+        unshared = self._fewest_unshared
+        if wanted is None or (unshared is not None and unshared < wanted):
+            wanted = unshared
+        return wanted
 
     def _apply(self, *, numexpr: bool) -> None:
         wanted = self.wanted()
         if wanted is not None and self._applied is not None:
             now = self._clock()
-            sharing = wanted < min(c.threads for c in self._claims.values())
+            sharing = wanted < self._fewest
             if wanted > self._applied and now - self._shared_at < GROW_BACK_SECONDS:
                 wanted = self._applied  # runs overlapped just now: stay shared
             if sharing:
@@ -303,9 +339,7 @@ class ThreadLimits:
         # Helpers of a native pool spin on the cores after each call of an
         # executor's BLAS kernels: compiled parts beside them get half a
         # core (module docstring).
-        native = self._pools.native() and any(
-            claim.blas for claim in self._claims.values()
-        )
+        native = self._blas and self._pools.native()
         alone = self.threads < MIN_SPLIT_BESIDE_NATIVE
         self.compiled_threads = 1 if native and alone else self.threads
         if numexpr:  # sized for one run alone: see the module docstring
