@@ -77,10 +77,7 @@ def _source(activation: str, biased: bool) -> str:
     value = "source[n, m, a, j] + shift" if biased else "source[n, m, a, j]"
     return "\n".join(
         [
-            "import numba",
-            "import numpy as np",
-            _jitmath.SOURCE,
-            "",
+            *_jitmath.head(),
             "@numba.njit(cache=True, nogil=True, error_model='numpy', "
             "boundscheck=False, inline='always')",
             "def apply(source, bias, out):",

@@ -236,12 +236,10 @@ def _planes_source(
         ]
     return "\n".join(
         [
-            "import numba",
-            "import numpy as np",
-            _jitmath.SOURCE if reduce == "max" or activation != "none" else "",
-            "",
-            "@numba.njit(cache=True, nogil=True, error_model='numpy', "
-            "boundscheck=False)",
+            *_jitmath.head(
+                _jitmath.SOURCE if reduce == "max" or activation != "none" else ""
+            ),
+            _jitmath.KERNEL,
             "def kernel(x, w, bias, out, phases, line, offsets, first, last,",
             "           stride_h, stride_w, pad_h, pad_w, pitch, phase_rows,",
             "           in_group, out_group):",

@@ -45,7 +45,7 @@ __all__ = ("MIN_ELEMENTS_PER_THREAD", "bind_rows", "loop")
 #: with a busy neighbour on the other core (2-core VM).
 MIN_ELEMENTS_PER_THREAD = 1 << 20
 
-_HEADER = "@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)"
+_HEADER = _jitmath.KERNEL
 
 _LOOPS = f"""
 {_HEADER}
@@ -142,7 +142,7 @@ def add_layer_norm_sum(x, res, scale, shift, out, total, epsilon, first, last):
             row[c] = ((sums[c] - mean) * inv) * scale[c] + shift[c]
 """
 
-_SOURCE = "\n".join(["import numba", "import numpy as np", _jitmath.SOURCE, _LOOPS])
+_SOURCE = "\n".join([*_jitmath.head(), _LOOPS])
 _MODULE = "asyncrt_epilogue_" + hashlib.sha256(_SOURCE.encode()).hexdigest()[:20]
 
 

@@ -130,12 +130,8 @@ def _source(expression: str, roles: Sequence[Role], helpers: str) -> str:
     reads = [_READS[role].format(name) for role, name in zip(roles, names, strict=True)]
     return "\n".join(
         [
-            "import numba",
-            "import numpy as np",
-            helpers,
-            "",
-            "@numba.njit(cache=True, nogil=True, error_model='numpy', "
-            "boundscheck=False)",
+            *_jitmath.head(helpers),
+            _jitmath.KERNEL,
             f"def kernel({', '.join(names)}, out, first, last):",
             "    tile = out.shape[1]",
             "    for s in range(first, last):",

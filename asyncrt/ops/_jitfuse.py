@@ -134,10 +134,7 @@ def source(recipe: FusedNode, roles: Sequence[Role]) -> str:
         "scalar": "s{k}",
     }
     lines = [
-        "import numba",
-        "import numpy as np",
-        _jitmath.SOURCE,
-        "",
+        *_jitmath.head(),
         # no signature here: bind compiles one for its arrays' types
         # (parameters are read-only arrays, a type of their own)
         "@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)",
@@ -234,12 +231,8 @@ def _unary_source(expression: str) -> str:
     body = expression.format("x[k]")
     return "\n".join(
         [
-            "import numba",
-            "import numpy as np",
-            _jitmath.SOURCE,
-            "",
-            "@numba.njit(cache=True, nogil=True, error_model='numpy', "
-            "boundscheck=False)",
+            *_jitmath.head(),
+            _jitmath.KERNEL,
             "def kernel(a, out, first, last):",
             # slices, then indices from 0: LLVM does not vectorise a loop
             # whose index numba must check for negative values (10x)

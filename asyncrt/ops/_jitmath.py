@@ -34,7 +34,7 @@ slower): a chain with one of them keeps the numpy engine.
 
 from __future__ import annotations
 
-__all__ = ("FUNCTIONS", "SOURCE")
+__all__ = ("FUNCTIONS", "KERNEL", "SOURCE", "head")
 
 #: The helpers' names.
 FUNCTIONS = (
@@ -184,3 +184,14 @@ def gelu_tanh_(x):
     t = (((x * x) * _GELU_CUBIC + _ONE) * x) * _GELU_SCALE
     return ((tanh_(t) + _ONE) * _HALF) * x
 """
+
+
+#: The decorator of a generated kernel: cached on disk, without the GIL,
+#: IEEE results (no ZeroDivisionError), no bounds checks.
+KERNEL = "@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)"
+
+
+def head(helpers: str = SOURCE) -> list[str]:
+    """The first lines of a generated kernel module: its imports, then
+    ``helpers`` (by default these scalar functions)."""
+    return ["import numba", "import numpy as np", helpers, ""]

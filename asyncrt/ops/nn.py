@@ -154,19 +154,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             gathered()
             return
         if all(s == 1 for s in geometry.strides):
-            begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
-            bias = rest[0] if has_bias else None
-            conv_stride1(
-                xp,
-                x,
-                w,
-                bias,
-                out,
-                group,
-                begin,
-                geometry.dilations,
-                activation=activation,
-            )
+            stride1(conv_stride1, x, w, *rest)
             return
         n, c = x.shape[:2]
         m = w.shape[0]
@@ -188,6 +176,22 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             xp.matmul(weights, cols, out=out.reshape(n, group, mg, positions))
         bias = rest[0].reshape(group, mg, *(1,) * rank) if has_bias else None
         add_bias_activation(xp, grouped, bias, grouped, activation)
+
+    def stride1(im2col: Callable[..., Any], x: Array, w: Array, *rest: Array) -> Any:
+        """``im2col`` (:func:`conv_stride1` or :func:`bind_stride1`) of
+        these arrays, for this convolution."""
+        out = rest[-1]
+        return im2col(
+            xp,
+            x,
+            w,
+            rest[0] if has_bias else None,
+            out,
+            group,
+            geometry.padding(x.shape[2:], out.shape[2:])[0],
+            geometry.dilations,
+            activation=activation,
+        )
 
     def depthwise(
         x: Array, w: Array, *rest: Array, constant_weights: bool = False
@@ -317,19 +321,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             and x.dtype != np.float16
             and all(s == 1 for s in geometry.strides)
         ):
-            begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
-            bias = rest[0] if has_bias else None
-            bound = bind_stride1(
-                xp,
-                x,
-                w,
-                bias,
-                out,
-                group,
-                begin,
-                geometry.dilations,
-                activation=activation,
-            )
+            bound = stride1(bind_stride1, x, w, *rest)
         return bound or functools.partial(conv, x, w, *rest)
 
     return Bindable(conv, bind, takes_constant=True)
