@@ -90,7 +90,7 @@ def relu_in_place(xp: ModuleType, out: Array) -> None:
         xp.maximum(out, 0, out=out)
 
 
-_RELU_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_RELU_DTYPES = _jit.FLOATS
 
 
 def _relu_flat(a: Any) -> None:  # pragma: no cover - compiled by numba

@@ -107,7 +107,7 @@ PHASED_MIN_OUTPUTS = 2
 #: Output cells (rows times the pitch) computed for every output of a group
 #: before the next rows: the input rows they read stay in the L1 cache.
 TILE_CELLS = 2048
-_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_DTYPES = _jit.FLOATS
 
 
 def _depthwise_pixels(  # pragma: no cover - compiled by numba

@@ -53,10 +53,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .._module_files import import_file
 from ..runtime import _threads
 
 __all__ = (
+    "FLOATS",
     "available",
     "bind_parts",
     "bind_rows",
@@ -79,6 +82,10 @@ _lock = threading.Lock()
 @functools.cache
 def _installed() -> bool:
     return importlib.util.find_spec("numba") is not None
+
+
+#: The float dtypes the compiled loops are written for.
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def available() -> bool:

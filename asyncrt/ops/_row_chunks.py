@@ -46,7 +46,7 @@ CHUNK_BYTES = 1 << 20
 #: channels, 3 x 3 at stride 2, 56 x 56: 0.78x; 512 x 7 x 7 at stride 1:
 #: 0.76x; 64 x 14 x 14: 0.67x; ResNet's stem (147 deep): 1.04x.
 MIN_DEPTH = 64
-_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_DTYPES = _jit.FLOATS
 
 
 def _gather_rows(  # pragma: no cover - compiled by numba

@@ -95,7 +95,7 @@ MIN_WORK_PER_THREAD = 300_000_000
 #: different L1 sets.
 PLANE_GAP = 16
 
-_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_DTYPES = _jit.FLOATS
 
 
 def takes(
