@@ -9,7 +9,8 @@ as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
   Erf -> Add(1) -> Mul(y) -> Mul(0.5)``), that joins it as
   ``activation="gelu"``; where it feeds GPT-2's tanh GELU as PyTorch
   exports ``GELU(approximate="tanh")`` (``Pow(y, 3) -> Mul(0.044715) ->
-  Add(y) -> Mul(sqrt(2/pi)) -> Tanh -> Add(1)``, times ``Mul(y, 0.5)``),
+  Add(y) -> Mul(sqrt(2/pi)) -> Tanh -> Add(1)``, times ``Mul(y, 0.5)``;
+  the cube may also be ``(y * y) * y``, as hand-written GELUs have it),
   as ``activation="gelu_tanh"``.
 * ``Add(X, R) -> LayerNormalization(Scale[, Bias])``, one output and the
   default stash type, becomes ``AddLayerNormalization(X, R, Scale[,
@@ -185,26 +186,30 @@ class _Fuser:
 
     def gelu_tanh(self, y: str) -> tuple[list[int], str] | None:
         """The nodes of ``(y * 0.5) * (1 + tanh(sqrt(2/pi) * (y + 0.044715
-        * y**3)))`` over ``y`` (its only readers: the Pow, the Add and the
-        halving Mul) and the GELU's output name, or ``None``."""
-        if y in self.outputs or self.readers[y] != 3:
+        * y**3)))`` over ``y`` (its only readers: the cube, the Add and the
+        halving Mul) and the GELU's output name, or ``None``. The cube is a
+        ``Pow(y, 3)``, as PyTorch exports it, or ``(y * y) * y``."""
+        if y in self.outputs:
             return None
+        found = self.cube_of(y)
+        if found is None:
+            return None
+        cube_nodes, cubed = found
+        others = set(self.reader_of[y]) - set(cube_nodes)
         readers = {
             n.op_type: (i, n)
-            for i, n in ((i, self.nodes[i]) for i in self.reader_of[y])
+            for i, n in ((i, self.nodes[i]) for i in others)
             if n is not None and not n.domain
         }
-        if set(readers) != {"Pow", "Add", "Mul"}:
+        if len(others) != 2 or set(readers) != {"Add", "Mul"}:
             return None
-        (pow_index, power), (add_index, add) = readers["Pow"], readers["Add"]
+        add_index, add = readers["Add"]
         half_index, half = readers["Mul"]
         try:
-            if power.input[0] != y or not self.scalar(power.input[1], 3.0):
-                return None
             if not self.scalar(self.other(half, y), 0.5):
                 return None
-            cube_index, cube = self.only_reader(power.output[0], "Mul")
-            if not self.scalar(self.other(cube, power.output[0]), 0.044715):
+            cube_index, cube = self.only_reader(cubed, "Mul")
+            if not self.scalar(self.other(cube, cubed), 0.044715):
                 return None
             if self.only_reader(cube.output[0], "Add")[1] is not add:
                 return None
@@ -225,8 +230,32 @@ class _Fuser:
                 return None
         except LookupError:
             return None
-        nodes = [pow_index, cube_index, add_index, scale_index, tanh_index, one_index]
-        return [*nodes, half_index, last_index], last.output[0]
+        nodes = [*cube_nodes, cube_index, add_index, scale_index, tanh_index]
+        return [*nodes, one_index, half_index, last_index], last.output[0]
+
+    def cube_of(self, y: str) -> tuple[list[int], str] | None:
+        """The nodes that alone compute ``y**3`` from ``y``, a ``Pow(y, 3)``
+        or ``Mul(Mul(y, y), y)`` (factors in either order), and the cube's
+        name; ``None`` where there is none."""
+        for index in set(self.reader_of.get(y, [])):
+            node = self.nodes[index]
+            if node is None or node.domain:
+                continue
+            if (
+                is_op(node, "Pow")
+                and len(node.input) == 2
+                and node.input[0] == y
+                and self.scalar(node.input[1], 3.0)
+            ):
+                return [index], str(node.output[0])
+            if is_op(node, "Mul") and list(node.input) == [y, y]:
+                try:
+                    outer_index, outer = self.only_reader(node.output[0], "Mul")
+                    if self.other(outer, node.output[0]) == y:
+                        return [index, outer_index], str(outer.output[0])
+                except LookupError:
+                    return None
+        return None
 
     def layer_norm_of(self, tensor: str) -> tuple[int, onnx.NodeProto] | None:
         """The LayerNormalization (one output, default stash type) that reads

@@ -414,18 +414,30 @@ def test_a_pre_ln_norm_with_computed_scale_keeps_its_nodes() -> None:
     _check(model, _feeds())
 
 
-def _gpt_mlp(cube: float = 0.044715) -> onnx.ModelProto:
+def _gpt_mlp(
+    cube: float = 0.044715, by_products: str = "", extra_output: str | None = None
+) -> onnx.ModelProto:
     """x (2, 5, 4) @ w (4, 6) + b, then GPT-2's tanh GELU as PyTorch exports
-    ``GELU(approximate="tanh")``: its scalars are ``Constant`` nodes."""
+    ``GELU(approximate="tanh")``: its scalars are ``Constant`` nodes. With
+    ``by_products`` ``"square first"`` or ``"square last"``, ``y**3`` is
+    ``(y * y) * y`` or ``y * (y * y)``, as hand-written GELUs have it."""
 
     def constant(name: str, value: float) -> onnx.NodeProto:
         return helper.make_node("Constant", [], [name], value=_scalar(name, value))
 
+    if by_products:
+        square = helper.make_node("Mul", ["y", "y"], ["y2"])
+        factors = ["y2", "y"] if by_products == "square first" else ["y", "y2"]
+        cubing = [square, helper.make_node("Mul", factors, ["y3"])]
+    else:
+        cubing = [
+            constant("three", 3.0),
+            helper.make_node("Pow", ["y", "three"], ["y3"]),
+        ]
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["p"]),
         helper.make_node("Add", ["b", "p"], ["y"]),
-        constant("three", 3.0),
-        helper.make_node("Pow", ["y", "three"], ["y3"]),
+        *cubing,
         constant("c", cube),
         helper.make_node("Mul", ["y3", "c"], ["cy3"]),
         helper.make_node("Add", ["y", "cy3"], ["inner"]),
@@ -442,7 +454,10 @@ def _gpt_mlp(cube: float = 0.044715) -> onnx.ModelProto:
         nodes,
         "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 4])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 5, 6])],
+        [
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 5, 6])
+            for name in ("out", *((extra_output,) if extra_output else ()))
+        ],
         [
             numpy_helper.from_array(_f32(4, 6), "w"),
             numpy_helper.from_array(_f32(6), "b"),
@@ -451,8 +466,11 @@ def _gpt_mlp(cube: float = 0.044715) -> onnx.ModelProto:
     return model_of(graph, 17)
 
 
-def test_the_tanh_gelu_of_gpt_fuses_with_constant_nodes_for_scalars() -> None:
-    model = _gpt_mlp()
+@pytest.mark.parametrize("by_products", ["", "square first", "square last"])
+def test_the_tanh_gelu_of_gpt_fuses_with_constant_nodes_for_scalars(
+    by_products: str,
+) -> None:
+    model = _gpt_mlp(by_products=by_products)
     done = rewrite(model)
     fused = [n for n in done.model.graph.node if n.op_type != "Constant"]
     assert [n.op_type for n in fused] == ["MatMulBias"]
@@ -466,3 +484,11 @@ def test_a_tanh_gelu_with_another_constant_keeps_its_nodes() -> None:
     done = rewrite(_gpt_mlp(cube=0.05))
     ops = [n.op_type for n in done.model.graph.node if n.op_type != "Constant"]
     assert ops[0] == "MatMulBias" and "Tanh" in ops and "Pow" in ops
+
+
+def test_a_tanh_gelu_whose_square_is_read_elsewhere_keeps_its_nodes() -> None:
+    model = _gpt_mlp(by_products="square first", extra_output="y2")
+    ops = [n.op_type for n in rewrite(model).model.graph.node]
+    assert ops[0] == "MatMulBias" and "Tanh" in ops and ops.count("Mul") >= 4
+    x = np.random.default_rng(4).standard_normal((2, 5, 4)).astype(np.float32)
+    _check(model, {"x": x})
