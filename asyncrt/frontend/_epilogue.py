@@ -19,7 +19,8 @@ as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
   made before the Add).
 * attention's ``Div(X, C)`` (or ``Mul``), ``C`` a constant scalar, ``->
   Add(M) -> Softmax`` over the last axis (opset 13 on) becomes
-  ``ScaleAddSoftmax(X, C, M)``; a causal mask as PyTorch exports it,
+  ``ScaleAddSoftmax(X, C, M)`` (``ScaleAddSoftmax(X, C)`` without a
+  mask); a causal mask as PyTorch exports it,
   ``-> Where(K, scaled, F) -> Softmax`` (or ``Where(K, F, scaled)``), ``F``
   a constant scalar, becomes ``ScaleWhereSoftmax(X, C, K, F)``, attribute
   ``keep`` (1: the scores stay where ``K`` holds, 0: where it does not).
@@ -334,13 +335,19 @@ class _Fuser:
             scale = self.const(node.input[1])
             if scale is None or scale.size != 1 or scale.dtype not in _FLOATS:
                 continue
-            try:
-                mask_index, inputs, attrs = self.mask_of(node.output[0])
-                soft_index, soft = self.only_reader(
-                    self.nodes_output(mask_index), "Softmax"
-                )
+            mask_index: int | None = None
+            inputs: list[str] = []
+            attrs: dict[str, int] = {}
+            try:  # scores without a mask
+                soft_index, soft = self.only_reader(node.output[0], "Softmax")
             except LookupError:
-                continue
+                try:
+                    mask_index, inputs, attrs = self.mask_of(node.output[0])
+                    soft_index, soft = self.only_reader(
+                        self.nodes_output(mask_index), "Softmax"
+                    )
+                except LookupError:
+                    continue
             axis = next(
                 (onnx.helper.get_attribute_value(a) for a in soft.attribute), -1
             )
@@ -358,8 +365,10 @@ class _Fuser:
                 onnx.helper.make_attribute(key, value) for key, value in attrs.items()
             )
             self.nodes[soft_index] = fused
-            self.nodes[index] = self.nodes[mask_index] = None
-            count += 2
+            self.nodes[index] = None
+            if mask_index is not None:
+                self.nodes[mask_index] = None
+            count += 1 if mask_index is None else 2
         return count
 
     def nodes_output(self, index: int) -> str:

@@ -8,9 +8,9 @@
 * ``AddLayerNormalization(X, R, Scale[, Bias])``, attributes ``axis`` and
   ``epsilon``: ``LayerNormalization(X + R)`` (and ``X + R`` as a second
   output, where the node names one), the library's ``add_layer_norm``.
-* ``ScaleAddSoftmax(X, C, M)``, attribute ``divide`` (1: ``X / C``, 0:
-  ``X * C``): ``Softmax(X / C + M)`` over the last axis, the library's
-  ``scale_add_softmax``.
+* ``ScaleAddSoftmax(X, C[, M])``, attribute ``divide`` (1: ``X / C``, 0:
+  ``X * C``): ``Softmax(X / C + M)`` (or ``Softmax(X / C)``) over the last
+  axis, the library's ``scale_add_softmax``.
 * ``ScaleWhereSoftmax(X, C, K, F)``, attributes ``divide`` and ``keep``:
   ``Softmax(Where(K, X / C, F))`` (``Where(K, F, X / C)`` with ``keep``
   0) over the last axis, the library's ``scale_where_softmax``.
@@ -61,21 +61,24 @@ def _add_layer_norm(ctx: NodeContext) -> Lowering:
 
 @private_rule("ScaleAddSoftmax", "Softmax", attrs=("divide",))
 def _scale_add_softmax(ctx: NodeContext) -> Lowering:
-    x, c, m = ctx.spec(0), ctx.spec(1), ctx.spec(2)
+    positions = (0, 1, 2) if ctx.has(2) else (0, 1)
+    specs = [ctx.spec(i) for i in positions]
     try:
-        shape = tuple(int(d) for d in np.broadcast_shapes(x.shape, c.shape, m.shape))
+        shape = tuple(int(d) for d in np.broadcast_shapes(*(s.shape for s in specs)))
     except ValueError:
         shape = None
     # X may be the smaller operand (a one-layer BERT's mask is the scaled
     # one): the kernel's first ufunc broadcasts it into the output
     if shape is None or not shape:
-        reason = (
-            f"cannot scale {list(x.shape)} by {list(c.shape)} and add {list(m.shape)}"
+        reason = "cannot scale {} by {}{}".format(
+            list(specs[0].shape),
+            list(specs[1].shape),
+            f" and add {list(specs[2].shape)}" if len(specs) > 2 else "",
         )
         raise ctx.unsupported(reason) from InferenceFailed(reason)
-    ctx.correct_outputs([TensorSpec(shape, x.dtype)])
+    ctx.correct_outputs([TensorSpec(shape, specs[0].dtype)])
     attrs = {"divide": bool(ctx.attr("divide", 1)), "axes": [len(shape) - 1]}
-    return Call("scale_add_softmax", (0, 1, 2), attrs)
+    return Call("scale_add_softmax", positions, attrs)
 
 
 @private_rule("ScaleWhereSoftmax", "Softmax", attrs=("divide", "keep"))

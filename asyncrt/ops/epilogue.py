@@ -17,8 +17,9 @@ round trip through memory per op:
   kept there too): ``layer_norm(x + r)`` over the last axes: one
   compiled loop per row with numba, else ``add`` then the library's
   ``layer_norm`` in place (the unfused kernels' bits).
-* ``scale_add_softmax(x, c, m, out)``, attributes ``divide`` and ``axes``:
-  attention's ``softmax(x / c + m)`` (or ``x * c``): the three kernels
+* ``scale_add_softmax(x, c[, m], out)``, attributes ``divide`` and
+  ``axes``: attention's ``softmax(x / c + m)`` (or ``x * c``, or no
+  mask): the three kernels
   the unfused graph runs, in place in ``out`` (the unfused bits, one launch
   and no intermediate tensors).
 * ``scale_where_softmax(x, c, k, f, out)``, attributes ``divide``,
@@ -224,8 +225,17 @@ def _scale_add_softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
     softmax_of = _softmax_in_place(xp, attrs)
     scale, add = (xp.divide if divide else xp.multiply), xp.add
 
-    def bind(x: Array, c: Array, m: Array, out: Array) -> Callable[[], None]:
+    def bind(x: Array, c: Array, *rest: Array) -> Callable[[], None]:
+        out = rest[-1]
         normalise = softmax_of(out)
+        if len(rest) == 1:  # no mask
+
+            def scale_softmax() -> None:
+                scale(x, c, out, casting="unsafe")
+                normalise()
+
+            return scale_softmax
+        m = rest[0]
 
         def scale_add_softmax() -> None:
             scale(x, c, out, casting="unsafe")
@@ -234,8 +244,8 @@ def _scale_add_softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
 
         return scale_add_softmax
 
-    def call(x: Array, c: Array, m: Array, out: Array) -> None:
-        bind(x, c, m, out)()
+    def call(x: Array, c: Array, *rest: Array) -> None:
+        bind(x, c, *rest)()
 
     return Bindable(call, bind)
 

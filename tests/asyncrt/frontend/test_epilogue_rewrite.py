@@ -225,6 +225,28 @@ def test_a_softmax_of_another_axis_or_old_opset_keeps_its_nodes(
     _check(model, _attention_feeds())
 
 
+@pytest.mark.parametrize("axis", [-1, 2])
+def test_scaled_scores_without_a_mask_fuse_with_their_softmax(axis: int) -> None:
+    nodes = [
+        helper.make_node("Mul", ["s", "c"], ["scaled"], name="scale"),
+        helper.make_node("Softmax", ["scaled"], ["p"], axis=axis, name="softmax"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, 3, 4, 4])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["d"])],
+        [_scalar("c", 1 / math.sqrt(8.0))],
+    )
+    model = model_of(graph, 17)
+    done = rewrite(model)
+    want = ["ScaleAddSoftmax"] if axis == -1 else ["Mul", "Softmax"]
+    assert _ops(done.model) == want
+    if axis == -1:
+        assert list(done.model.graph.node[0].input) == ["s", "c"]
+    _check(model, {"s": _f32(2, 3, 4, 4) * 4}, rtol=0.0)  # the unfused bits
+
+
 def _causal(
     keep: bool, scale_op: str = "Div", mask_input: bool = False, fill: float = -np.inf
 ) -> onnx.ModelProto:
