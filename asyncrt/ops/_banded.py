@@ -35,7 +35,7 @@ from types import ModuleType
 import numpy as np
 
 from ._common import Array, all_finite
-from ._conv_epilogue import add_bias_activation
+from ._conv_epilogue import bind_bias_activation
 
 __all__ = ("MAX_PADDED_WIDTH", "MIN_ROWS", "bind_banded", "takes")
 
@@ -134,6 +134,7 @@ def bind_banded(
     planar = result.reshape(c, n, h, width).transpose(1, 0, 2, 3)
     bias_view = None if bias is None else bias.reshape(1, c, 1, 1)
     copyto, matmul = xp.copyto, xp.matmul
+    epilogue = bind_bias_activation(xp, planar, bias_view, out, activation)
 
     def banded() -> None:
         if not all_finite(x):
@@ -143,6 +144,6 @@ def bind_banded(
         copyto(interior, source)
         copyto(lhs, repeated)
         matmul(matrix, band, out=result)
-        add_bias_activation(xp, planar, bias_view, out, activation)
+        epilogue()
 
     return banded

@@ -41,6 +41,7 @@ __all__ = (
     "EXPRESSIONS",
     "activate_in_place",
     "add_bias_activation",
+    "bind_bias_activation",
     "compiles",
     "warm",
 )
@@ -176,6 +177,23 @@ def add_bias_activation(
     elif source is not out:
         xp.copyto(out, source)
     activate_in_place(xp, out, activation)
+
+
+def bind_bias_activation(
+    xp: ModuleType,
+    source: Array,
+    bias: Array | None,
+    out: Array,
+    activation: str = "none",
+) -> Callable[[], None]:
+    """:func:`add_bias_activation` of these arrays as a call without
+    arguments: which loop, and its views, chosen once (a bound
+    convolution's arrays are the same every run)."""
+    compiled = _compiled(xp, source, bias, out, activation)
+    if compiled is not None:
+        kernel, args = compiled
+        return functools.partial(kernel, *args)
+    return functools.partial(add_bias_activation, xp, source, bias, out, activation)
 
 
 def activate_in_place(xp: ModuleType, out: Array, activation: str) -> None:

@@ -46,7 +46,7 @@ import numpy as np
 
 from . import _banded, _common, _scratch
 from ._common import Array
-from ._conv_epilogue import add_bias_activation
+from ._conv_epilogue import add_bias_activation, bind_bias_activation
 
 __all__ = ("CHUNK_BYTES", "bind_stride1", "conv_stride1")
 
@@ -274,9 +274,11 @@ def bind_stride1(
         cols = x.reshape(n, group, cg, length)
         result = out.reshape(n, group, mg, length)
 
+        epilogue = bind_bias_activation(xp, out, bias_view, out, activation)
+
         def direct() -> None:
             matmul(weights, cols, out=result)
-            add_bias_activation(xp, out, bias_view, out, activation)
+            epilogue()
 
         return direct
     if layout.chunk < n:
@@ -319,11 +321,12 @@ def bind_stride1(
     cols = xp.empty(shapes[1], dtype=x.dtype)
     result = xp.empty(shapes[2], dtype=x.dtype)
     interior, view, matrix, rows = views(flat, cols, result)
+    epilogue = bind_bias_activation(xp, rows, bias_view, out, activation)
 
     def padded() -> None:
         copyto(interior, x)
         copyto(cols, view)
         matmul(weights, matrix, out=result)
-        add_bias_activation(xp, rows, bias_view, out, activation)
+        epilogue()
 
     return padded

@@ -33,7 +33,7 @@ import numpy as np
 
 from . import _jit
 from ._common import Array
-from ._conv_epilogue import add_bias_activation
+from ._conv_epilogue import bind_bias_activation
 
 __all__ = ("CHUNK_BYTES", "MIN_DEPTH", "bind_row_chunks", "takes")
 
@@ -152,6 +152,7 @@ def bind_row_chunks(
     gather = _jit.compile_kernel(_gather_rows)
     _jit.specialise(gather, (phases, cols, taps, 0, rows, out_w))
     bias_view = None if bias is None else bias.reshape(1, m, 1, 1)
+    epilogue = bind_bias_activation(np, out, bias_view, out, activation)
     copyto, matmul = np.copyto, np.matmul
 
     def row_chunks() -> None:
@@ -164,6 +165,6 @@ def bind_row_chunks(
                 span = count * out_w
                 into = planes[image, :, top * out_w : top * out_w + span]
                 matmul(weights, cols[:, :span], out=into)
-        add_bias_activation(np, out, bias_view, out, activation)
+        epilogue()
 
     return row_chunks

@@ -34,7 +34,7 @@ import numpy as np
 
 from . import _common, _scratch
 from ._common import Array
-from ._conv_epilogue import add_bias_activation
+from ._conv_epilogue import bind_bias_activation
 
 __all__ = ("bind_strided",)
 
@@ -164,11 +164,13 @@ def bind_strided(
             steps.append((by_tap[:, :, i], sources[phase][window]))
         return steps, cols.reshape(n, group, -1, positions)
 
+    epilogue = bind_bias_activation(xp, out, bias_view, out, activation)
+
     def compute(steps: list[tuple[Array, Array]], matrix: Array) -> None:
         for target, source in steps:
             copyto(target, source)
         matmul(weights, matrix, out=result)
-        add_bias_activation(xp, out, bias_view, out, activation)
+        epilogue()
 
     if cells * x.itemsize <= limit:
         kept = [xp.empty(shape, dtype=x.dtype) for shape in shapes]

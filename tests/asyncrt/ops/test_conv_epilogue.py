@@ -164,3 +164,18 @@ def test_the_paths_cases_take_the_paths_they_are_named_for() -> None:
         x, w, out, group = arrays(path)
         assert not _depthwise.groups(np, x, w, out, group)
         assert not _winograd.takes(np, x, w, out, group, (1, 1), (1, 1))
+
+
+@pytest.mark.parametrize("activation", _conv_epilogue.ACTIVATIONS)
+@pytest.mark.parametrize("shape", [(1, 8, 30, 30), (1, 4, 5, 5)])  # compiled, numpy
+def test_a_bound_epilogue_reads_its_arrays_anew(
+    activation: str, shape: tuple[int, ...]
+) -> None:
+    out = _values(shape, np.float32, seed=5)
+    bias = _values((1, shape[1], 1, 1), np.float32, seed=6)
+    call = _conv_epilogue.bind_bias_activation(np, out, bias, out, activation)
+    for seed in (7, 8):
+        out[...] = _values(shape, np.float32, seed=seed)
+        want = _numpy_passes(out, bias, activation)
+        call()
+        np.testing.assert_array_equal(out, want)
