@@ -189,11 +189,17 @@ def bind_bias_activation(
     """:func:`add_bias_activation` of these arrays as a call without
     arguments: which loop, and its views, chosen once (a bound
     convolution's arrays are the same every run)."""
+    if bias is None and source is out and activation == "none":
+        return _nothing
     compiled = _compiled(xp, source, bias, out, activation)
     if compiled is not None:
         kernel, args = compiled
         return functools.partial(kernel, *args)
     return functools.partial(add_bias_activation, xp, source, bias, out, activation)
+
+
+def _nothing() -> None:
+    return None
 
 
 def activate_in_place(xp: ModuleType, out: Array, activation: str) -> None:

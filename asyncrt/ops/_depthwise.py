@@ -58,7 +58,7 @@ import numpy as np
 from ..runtime import _threads
 from . import _jit, _jitmath
 from ._common import Array
-from ._conv_epilogue import EXPRESSIONS, activate_in_place, compiles
+from ._conv_epilogue import EXPRESSIONS, bind_bias_activation, compiles
 
 __all__ = (
     "MAX_GROUP_OUTPUTS",
@@ -403,6 +403,7 @@ def bind_depthwise(
         kernel, (pixels, taps, shift, result), _shares(out, w, out_h), trailing=geometry
     )
     copyto = np.copyto
+    activate = bind_bias_activation(np, out, None, out, activation)
 
     if constant_weights:
         copyto(taps, weights)
@@ -413,7 +414,7 @@ def bind_depthwise(
         copyto(pixels, source)
         compute()
         copyto(out, planar)
-        activate_in_place(np, out, activation)
+        activate()
 
     return depthwise
 
@@ -497,10 +498,11 @@ def _bind_planes(
     )
     if inside == activation:
         return planar
+    activate = bind_bias_activation(np, out, None, out, activation)
 
     def then_activation() -> None:
         planar()
-        activate_in_place(np, out, activation)
+        activate()
 
     return then_activation
 

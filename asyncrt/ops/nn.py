@@ -62,7 +62,7 @@ from ._common import (
     opt_ints,
     quiet,
 )
-from ._conv_epilogue import ACTIVATIONS, activate_in_place, add_bias_activation
+from ._conv_epilogue import ACTIVATIONS, add_bias_activation
 from ._im2col import CHUNK_BYTES, bind_stride1, conv_stride1
 from ._kernels import Bindable
 from ._library import Attrs, define
@@ -303,7 +303,10 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             )
             if fast is not None and activation == "hard_swish":
                 # (in float32 after the transform's sums, as the kernel's)
-                return functools.partial(_then, fast, xp, out, activation)
+                after = _conv_epilogue.bind_bias_activation(
+                    xp, out, None, out, activation
+                )
+                return functools.partial(_then, fast, after)
             if fast is not None:
                 return fast
         if out.size and w.size and x.dtype != np.float16:
@@ -327,12 +330,10 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
     return Bindable(conv, bind, takes_constant=True)
 
 
-def _then(
-    call: Callable[[], None], xp: ModuleType, out: Array, activation: str
-) -> None:
-    """``call()``, then ``activation`` in place on ``out``."""
+def _then(call: Callable[[], None], after: Callable[[], None]) -> None:
+    """``call()``, then ``after()``."""
     call()
-    activate_in_place(xp, out, activation)
+    after()
 
 
 def _depthwise_taps(xp: ModuleType, view: Array, w: Array, out: Array) -> None:

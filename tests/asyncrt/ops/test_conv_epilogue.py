@@ -179,3 +179,13 @@ def test_a_bound_epilogue_reads_its_arrays_anew(
         want = _numpy_passes(out, bias, activation)
         call()
         np.testing.assert_array_equal(out, want)
+
+
+def test_a_bound_epilogue_with_nothing_to_do_leaves_the_output() -> None:
+    out = _values((1, 8, 30, 30), np.float32, seed=9)
+    before = out.copy()
+    _conv_epilogue.bind_bias_activation(np, out, None, out, "none")()
+    np.testing.assert_array_equal(out, before)
+    relu = _conv_epilogue.bind_bias_activation(np, out, None, out, "relu")
+    relu()
+    np.testing.assert_array_equal(out, _numpy_passes(before, None, "relu"))
