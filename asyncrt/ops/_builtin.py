@@ -162,13 +162,19 @@ def _relu(xp: ModuleType) -> Callable[..., None]:
     return _jitfuse.compiled_unary(_RELU, relu) if xp is np else relu
 
 
-@builtin(
+# Compiled (where numba is installed), the library's float32 sigmoid is one
+# loop over _jitmath's exp_ (within 1 ulp of the exact exp, as numpy's is
+# within 2): 0.55 ns an element against 0.81 for numpy's four passes, and
+# one call instead of four on small arrays (5.0 -> 1.5 us for 4096).
+_SIGMOID = FusionTemplate(
     "sigmoid",
-    flops=_TRANSCENDENTAL,
-    fusion=FusionTemplate(
-        "sigmoid", "(1 / (1 + exp(-{0})))", "((T)1 / ((T)1 + exp(-{0})))"
-    ),
+    "(1 / (1 + exp(-{0})))",
+    "((T)1 / ((T)1 + exp(-{0})))",
+    jit="sigmoid_({0})",
 )
+
+
+@builtin("sigmoid", flops=_TRANSCENDENTAL, fusion=_SIGMOID)
 def _sigmoid(xp: ModuleType) -> Callable[..., None]:
     def sigmoid(a: Array, out: Array) -> None:
         xp.negative(a, out)
@@ -176,7 +182,7 @@ def _sigmoid(xp: ModuleType) -> Callable[..., None]:
         xp.add(out, 1, out)
         xp.reciprocal(out, out)
 
-    return sigmoid
+    return _jitfuse.compiled_unary(_SIGMOID, sigmoid) if xp is np else sigmoid
 
 
 @builtin(
@@ -654,7 +660,12 @@ def _softsign(xp: ModuleType) -> Callable[..., None]:
 _MISH_CLAMP = np.float32(20)
 
 
-@builtin("mish", flops=_TRANSCENDENTAL, fusion=_numpy_only("mish"))
+# Compiled, the library's float32 mish is one loop over _jitmath's exp_
+# (mish_: the numpy passes' operations in their order).
+_MISH = FusionTemplate("mish", jit="mish_({0})")
+
+
+@builtin("mish", flops=_TRANSCENDENTAL, fusion=_MISH)
 def _mish(xp: ModuleType) -> Bindable:
     def mish(a: Array, out: Array, n: Array) -> None:
         # x tanh(log(1 + e^x)) = x n / (n + 2), n = e^x (e^x + 2): one exp
@@ -670,13 +681,7 @@ def _mish(xp: ModuleType) -> Bindable:
             xp.multiply(a, out, out)
 
     kernel = _blocks.blockwise(xp, mish, scratch=1)
-    if xp is not np:
-        return kernel
-    # the same operations in the same order, after numpy's exp
-    ratio = "((({1} + _F(2.0)) * {1}) / ((({1} + _F(2.0)) * {1}) + _F(2.0)))"
-    return _blocks.around_transcendentals(
-        "min_({0}, _F(20.0))", ("exp",), f"({{0}} * {ratio})", kernel
-    )
+    return _jitfuse.compiled_unary(_MISH, kernel) if xp is np else kernel
 
 
 _HARD_SWISH = FusionTemplate("hard_swish", jit="hswish_({0})")

@@ -27,9 +27,28 @@ no branch that is not a select), without fast-math:
   numpy's (3.9e-7 relative; numpy's own is within 1.4 ulps), odd, NaN in,
   NaN out, and exactly +-1 past +-9 (as float32 tanh is from 9.01 on).
 
-numpy's SIMD ``exp``, ``log`` and the trigonometric functions have no
-counterpart here (numba calls libm one element at a time for them, 10-60x
-slower): a chain with one of them keeps the numpy engine.
+* ``exp_``: Cephes' float32 ``expf`` (a two-part ln 2 range reduction and
+  a degree-5 polynomial), 2^n made from exponent bits in two factors so
+  that results reach the subnormals: within 1 ulp of the exact exp (numpy's
+  SIMD exp is within 2), +inf past 88.72, 0 below -103.97, NaN in, NaN out.
+  As fast as numpy's (0.47 ns an element on the AVX-512 VM).
+* ``log_``: Cephes' ``logf`` (exponent bits, a degree-8 polynomial in
+  ``m - 1``), subnormals scaled first: within 1 ulp (numpy's: 3); -inf at
+  +-0, NaN below 0. ``log1p_``: ``log_(1 + u)`` corrected by the rounding
+  of ``1 + u`` (Goldberg's ``log(w) u / (w - 1)``): within 2 ulps.
+* ``sigmoid_``, ``mish_``: the library's float32 ``sigmoid`` and ``mish``
+  (their numpy passes' operations in order over ``exp_``; where numba is
+  installed these loops are those kernels): sigmoid within 2 ulps of the
+  exact result wherever it is normal (below, both flush to 0, as the
+  float32 formula does). ``softplus_``: within 3 ulps, not used by the
+  library's softplus kernel (``log1p_`` makes it slower than numpy's
+  passes, 1.9 against 1.1 ns an element).
+
+numba calls libm one element at a time for ``exp`` and the rest (10-60x
+slower than these), so the library's ``exp``, ``log`` and trigonometric
+ops keep numpy's SIMD ufuncs, and a chain with one of them keeps the numpy
+engine: their compiled forms here are within an ulp, not bit for bit
+numpy's.
 """
 
 from __future__ import annotations
@@ -48,12 +67,19 @@ FUNCTIONS = (
     "tanh_",
     "gelu_erf_",
     "gelu_tanh_",
+    "exp_",
+    "log_",
+    "log1p_",
+    "sigmoid_",
+    "softplus_",
+    "mish_",
 )
 
 SOURCE = """
 _F = np.float32
 _ZERO = _F(0.0)
 _INF = _F(np.inf)
+_NAN = _F(np.nan)
 _ONE = _F(1.0)
 _SIXTH = _F(1 / 6)
 _HALF = _F(0.5)
@@ -94,6 +120,37 @@ _TB = (
     _F(2.26843463243900e-03),
     _F(1.18534705686654e-04),
     _F(1.19825839466702e-06),
+)
+_I = np.int32
+_LOG2E = _F(1.44269504088896341)
+_LN2_HI = _F(0.693359375)
+_LN2_LO = _F(-2.12194440e-4)
+# past these exp is +inf, 0
+_EXP_HI = _F(88.72283935546875)
+_EXP_LO = _F(-103.97208404541015625)
+_EXP_P = (
+    _F(1.9875691500e-4),
+    _F(1.3981999507e-3),
+    _F(8.3334519073e-3),
+    _F(4.1665795894e-2),
+    _F(1.6666665459e-1),
+    _F(5.0000001201e-1),
+)
+_SQRTHF = _F(0.707106781186547524)
+_SMALLEST_NORMAL = _F(1.17549435e-38)
+_TWO23 = _F(8388608.0)
+_TWO = _F(2.0)
+_MISH_CLAMP = _F(20.0)
+_LOG_P = (
+    _F(7.0376836292e-2),
+    _F(-1.1514610310e-1),
+    _F(1.1676998740e-1),
+    _F(-1.2420140846e-1),
+    _F(1.4249322787e-1),
+    _F(-1.6668057665e-1),
+    _F(2.0000714765e-1),
+    _F(-2.4999993993e-1),
+    _F(3.3333331174e-1),
 )
 
 
@@ -183,6 +240,92 @@ def gelu_erf_(x):
 def gelu_tanh_(x):
     t = (((x * x) * _GELU_CUBIC + _ONE) * x) * _GELU_SCALE
     return ((tanh_(t) + _ONE) * _HALF) * x
+
+
+@numba.njit(inline="always", error_model="numpy")
+def exp_(v):
+    # Cephes' expf: e^v = 2^n e^r, |r| <= ln2 / 2, r by a two-part ln 2
+    x = _EXP_HI if v > _EXP_HI else v
+    x = _EXP_LO if x < _EXP_LO else x
+    n = np.floor(x * _LOG2E + _HALF)
+    r = x - n * _LN2_HI
+    r = r - n * _LN2_LO
+    p = _EXP_P[0] * r + _EXP_P[1]
+    p = p * r + _EXP_P[2]
+    p = p * r + _EXP_P[3]
+    p = p * r + _EXP_P[4]
+    p = p * r + _EXP_P[5]
+    y = p * (r * r) + r + _ONE
+    # 2^n as two factors built from exponent bits: n reaches -150 (the
+    # subnormal results) and 128, past one float's exponent range
+    k = _I(n)
+    half = k >> 1
+    y = y * _I((half + 127) << 23).view(_F) * _I((k - half + 127) << 23).view(_F)
+    y = _INF if v > _EXP_HI else y
+    y = _ZERO if v < _EXP_LO else y
+    return v if v != v else y
+
+
+@numba.njit(inline="always", error_model="numpy")
+def log_(v):
+    # Cephes' logf: v = 2^e m, m in [sqrt(1/2), sqrt(2)), a polynomial in
+    # m - 1; subnormals scaled into the normal range first
+    tiny = v < _SMALLEST_NORMAL
+    x = v * (_TWO23 if tiny else _ONE)
+    bits = _F(x).view(_I)
+    e = ((bits >> 23) & 255) - 126
+    e = e - 23 if tiny else e
+    m = _I(bits & _I(8388607) | _I(1056964608)).view(_F)  # in [0.5, 1)
+    low = m < _SQRTHF
+    e = e - 1 if low else e
+    m = (m + m if low else m) - _ONE
+    z = m * m
+    p = _LOG_P[0] * m + _LOG_P[1]
+    p = p * m + _LOG_P[2]
+    p = p * m + _LOG_P[3]
+    p = p * m + _LOG_P[4]
+    p = p * m + _LOG_P[5]
+    p = p * m + _LOG_P[6]
+    p = p * m + _LOG_P[7]
+    p = p * m + _LOG_P[8]
+    y = p * m * z
+    f = _F(e)
+    y = y + f * _LN2_LO
+    y = y - _HALF * z
+    r = m + y + f * _LN2_HI
+    r = -_INF if v == _ZERO else r
+    r = _INF if v == _INF else r
+    return _NAN if v < _ZERO or v != v else r
+
+
+@numba.njit(inline="always", error_model="numpy")
+def log1p_(u):
+    # log(1 + u) to a few ulps where 1 + u rounds: log_(w) u / (w - 1)
+    # corrects log_(w) by the rounding of w = 1 + u (Goldberg)
+    w = u + _ONE
+    r = log_(w) * (u / (w - _ONE))
+    r = u if w == _ONE else r
+    return _INF if u == _INF else r
+
+
+@numba.njit(inline="always", error_model="numpy")
+def sigmoid_(x):
+    return _ONE / (_ONE + exp_(-x))
+
+
+@numba.njit(inline="always", error_model="numpy")
+def mish_(x):
+    # x tanh(log(1 + e^x)) = x n / (n + 2), n = e^x (e^x + 2), e^x clamped
+    # where the ratio is 1 anyway (the library's numpy passes, in order)
+    e = exp_(min_(x, _MISH_CLAMP))
+    n = (e + _TWO) * e
+    return x * (n / (n + _TWO))
+
+
+@numba.njit(inline="always", error_model="numpy")
+def softplus_(x):
+    # max(x, 0) + log1p(e^-|x|): no overflow
+    return log1p_(exp_(-abs(x))) + max_(x, _ZERO)
 """
 
 

@@ -1,0 +1,145 @@
+"""The compiled engine's exp, log, log1p and the activations over them
+(:mod:`asyncrt.ops._jitmath`): their error against a float64 reference
+over float32 values of every exponent, IEEE special values, subnormals,
+and the library's float32 sigmoid and mish, which are these loops."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncrt import get_global_func
+from asyncrt.ops import _jitmath
+
+numba = pytest.importorskip("numba")
+
+Array = np.ndarray[Any, Any]
+
+
+def _helper(name: str) -> Callable[[Array], Array]:
+    """``_jitmath``'s ``name`` as a compiled loop over a float32 array."""
+    scope: dict[str, Any] = {}
+    exec("\n".join(_jitmath.head()), scope)  # the helpers, as kernels get them
+    scalar = scope[name]
+
+    @numba.njit(error_model="numpy")  # type: ignore[misc]
+    def loop(x: Array, out: Array) -> None:
+        for i in range(x.size):
+            out[i] = scalar(x[i])
+
+    def apply(x: Array) -> Array:
+        out = np.empty_like(x)
+        loop(x, out)
+        return out
+
+    return apply
+
+
+def _values() -> Array:
+    """Float32 values spread over every exponent and sign (a stride through
+    the bit patterns), with the special values."""
+    bits = np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-40, 1.0]
+    return np.concatenate([bits.view(np.float32), np.array(special, np.float32)])
+
+
+SMALLEST_NORMAL = np.finfo(np.float32).tiny
+
+
+def _ulps(got: Array, want: Array) -> Array:
+    """Units in the last place between float32 values of one sign, where
+    the reference is finite and normal; below, results may be as far off as
+    the smallest normal (the float32 formulas flush them there)."""
+    tiny = np.abs(want) < SMALLEST_NORMAL
+    assert np.all(np.abs(got[tiny] - want[tiny]) <= SMALLEST_NORMAL)
+    keep = np.isfinite(want) & ~tiny
+    a = got[keep].view(np.int32).astype(np.int64)
+    b = want[keep].view(np.int32).astype(np.int64)
+    return np.abs(a - b)
+
+
+REFERENCES: dict[str, tuple[Callable[[Array], Array], int]] = {
+    # name: (float64 reference, the most ulps allowed)
+    "exp_": (np.exp, 1),
+    "log_": (np.log, 1),
+    "log1p_": (np.log1p, 2),
+    "sigmoid_": (lambda x: 1 / (1 + np.exp(-x)), 2),
+    "softplus_": (lambda x: np.logaddexp(x, 0), 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_within_a_few_ulps_of_the_exact_result(name: str) -> None:
+    reference, most = REFERENCES[name]
+    x = _values()
+    with np.errstate(all="ignore"):
+        want = reference(x.astype(np.float64)).astype(np.float32)
+    got = _helper(name)(x)
+    assert _ulps(got, want).max() <= most
+    # NaN where the result is NaN, and the same infinities and zeros
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    edge = ~np.isnan(want) & (np.isinf(want) | (want == 0))
+    np.testing.assert_array_equal(got[edge], want[edge])
+
+
+def test_exp_reaches_the_subnormals_and_saturates() -> None:
+    x = np.array([-87.5, -100.0, -103.9, -104.0, -200.0, 88.7, 88.8, 1e30], np.float32)
+    got = _helper("exp_")(x)
+    with np.errstate(over="ignore"):
+        want = np.exp(x.astype(np.float64)).astype(np.float32)
+    # subnormal results to within one of their (wider) units
+    assert np.all(np.abs(got[:3] - want[:3]) <= np.spacing(np.float32(0)))
+    assert got[2] > 0 and got[3] == got[4] == 0
+    assert np.isfinite(got[5]) and np.isinf(got[6]) and np.isinf(got[7])
+
+
+def test_log_of_subnormals_zero_and_negatives() -> None:
+    x = np.array([1e-45, 1e-40, 0.0, -0.0, -1.0, -np.inf, np.inf], np.float32)
+    got = _helper("log_")(x)
+    want = np.log(x[:2].astype(np.float64)).astype(np.float32)
+    assert _ulps(got[:2], want).max() <= 1
+    assert got[2] == got[3] == -np.inf
+    assert np.isnan(got[4]) and np.isnan(got[5]) and got[6] == np.inf
+
+
+def test_log1p_of_tiny_values_is_the_value() -> None:
+    x = np.array([1e-10, -1e-10, 1e-30, 0.0, -1.0, -2.0, np.inf], np.float32)
+    got = _helper("log1p_")(x)
+    np.testing.assert_array_equal(got[:4], x[:4])
+    assert got[4] == -np.inf and np.isnan(got[5]) and got[6] == np.inf
+
+
+@pytest.mark.parametrize("size", [3, 4096, 100_003])
+def test_the_library_sigmoid_is_the_compiled_loop(size: int) -> None:
+    rng = np.random.default_rng(size)
+    x = (rng.standard_normal(size) * 30).astype(np.float32)
+    x[:1] = np.nan
+    out = np.empty_like(x)
+    get_global_func("sigmoid", "cpu")(x, out)
+    np.testing.assert_array_equal(out, _helper("sigmoid_")(x))
+    with np.errstate(over="ignore"):
+        exact = 1 / (1 + np.exp(-x.astype(np.float64)))
+    assert _ulps(out, exact.astype(np.float32)).max() <= 2
+
+
+@pytest.mark.parametrize("size", [7, 4096, 100_003])
+def test_the_library_mish_is_the_compiled_loop(size: int) -> None:
+    rng = np.random.default_rng(size)
+    x = (rng.standard_normal(size) * 10).astype(np.float32)
+    x[:4] = [np.nan, np.inf, -np.inf, -0.0]
+    out = np.empty_like(x)
+    get_global_func("mish", "cpu")(x, out)
+    np.testing.assert_array_equal(out, _helper("mish_")(x))
+    with np.errstate(all="ignore"):
+        exact = (x * np.tanh(np.logaddexp(x.astype(np.float64), 0))).astype(np.float32)
+    finite = np.isfinite(exact) & (np.abs(exact) > 1e-30)
+    np.testing.assert_allclose(out[finite], exact[finite], rtol=1e-6)
+    assert np.isnan(out[0]) and out[1] == np.inf and np.isnan(out[2])
+    # float64 keeps numpy's passes
+    wide = x.astype(np.float64)
+    out64 = np.empty_like(wide)
+    get_global_func("mish", "cpu")(wide, out64)
+    np.testing.assert_allclose(out64[finite], exact[finite], rtol=1e-6)
