@@ -45,6 +45,7 @@ from . import (
     _depthwise,
     _epijit,
     _jit,
+    _jitlrn,
     _row_chunks,
     _scratch,
     _winograd,
@@ -953,9 +954,20 @@ def _lrn(xp: ModuleType, attrs: Attrs) -> Kernel:
         view = xp.lib.stride_tricks.sliding_window_view(padded, size, axis=1)
         total = view.sum(axis=-1)
         with quiet(xp):
-            xp.divide(x, (bias + alpha / size * total) ** beta, out)
+            total = bias + alpha / size * total
+            raise_to_beta(total, xp.empty_like(total))
+            xp.divide(x, total, out)
+
+    def raise_to_beta(total: Array, scratch: Array) -> None:
+        # the compiled pass's form (_jitlrn) wherever it serves
+        if beta == _jitlrn.BETA and xp is np:
+            _jitlrn.power_three_quarters(total, scratch)
+        else:
+            xp.power(total, beta, out=total)
 
     def bind(x: Array, out: Array) -> Callable[[], None]:
+        if xp is np and _jitlrn.takes(x, out, beta):
+            return _jitlrn.bind_lrn(x, out, size, alpha, bias)
         if xp is not np or x.ndim < 2 or not x.size or x.dtype != out.dtype:
             return functools.partial(lrn, x, out)
         before = (size - 1) // 2
@@ -964,10 +976,10 @@ def _lrn(xp: ModuleType, attrs: Attrs) -> Kernel:
         # once) and the window sums, made here; the sums as shifted adds,
         # in the order of the window's sum (bit for bit).
         squares = np.zeros((channels + size - 1, *x.shape[2:]), x.dtype)
-        total = np.empty(x.shape[1:], x.dtype)
+        total, scratch = np.empty(x.shape[1:], x.dtype), np.empty(x.shape[1:], x.dtype)
         inner = squares[before : before + channels]
         windows = [squares[k : k + channels] for k in range(1, size)]
-        multiply, add, copyto, power = np.multiply, np.add, np.copyto, np.power
+        multiply, add, copyto = np.multiply, np.add, np.copyto
         divide, per = np.divide, alpha / size
         images = list(zip(x, out, strict=True))
 
@@ -980,7 +992,7 @@ def _lrn(xp: ModuleType, attrs: Attrs) -> Kernel:
                         add(total, window, out=total)
                     multiply(total, per, out=total)
                     add(total, bias, out=total)
-                    power(total, beta, out=total)
+                    raise_to_beta(total, scratch)
                     divide(image, total, out=target)
 
         return run

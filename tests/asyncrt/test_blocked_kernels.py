@@ -313,6 +313,36 @@ def test_lrn_bound_per_image_equals_the_window_view(
     np.testing.assert_allclose(out, x / (2.0 + 1e-3 / size * sums) ** 0.75, rtol=2e-6)
 
 
+@pytest.mark.parametrize("beta", [0.75, 0.6])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_lrn_over_many_blocks_and_threads(
+    beta: float, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 2 images of 600 positions: blocks of 256 and a partial one, split
+    # over threads (the compiled pass serves beta 0.75, numpy the rest)
+    from asyncrt.ops import _jitlrn
+    from asyncrt.runtime import _threads
+
+    monkeypatch.setattr(_threads.limits, "compiled_threads", threads)
+    monkeypatch.setattr(_jitlrn, "MIN_ELEMENTS_PER_THREAD", 1000)
+    attrs = {"alpha": 2e-2, "beta": beta, "bias": 1.0, "size": 5}
+    kernel = _kernel("lrn", attrs)
+    x = np.random.default_rng(3).standard_normal((2, 8, 20, 30)).astype(np.float32)
+    x[0, 3, 0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+    out, want = np.empty_like(x), np.empty_like(x)
+    kernel.bind(x, out)()
+    with np.errstate(all="ignore"):
+        kernel(x, want)
+    np.testing.assert_array_equal(out, want)
+    sums = np.pad(x.astype(F64) ** 2, [(0, 0), (2, 2), (0, 0), (0, 0)])
+    sums = sum(sums[:, k : k + 8] for k in range(5))
+    with np.errstate(all="ignore"):
+        exact = x / (1.0 + 2e-2 / 5 * sums) ** beta
+    finite = np.isfinite(exact)
+    np.testing.assert_allclose(out[finite], exact[finite], rtol=2e-6)
+    assert np.isnan(out[0, 3, 0, :3]).all()  # NaN and inf/inf in the window
+
+
 @pytest.mark.parametrize(
     "attrs",
     [
