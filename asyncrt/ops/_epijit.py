@@ -17,6 +17,10 @@ with :mod:`asyncrt.ops._jitmath`'s helpers and compiled once per machine
   its bytes floor against 2.2-5x for numpy's seven passes.
 * ``instance_norm(x, scale, shift, out, epsilon, channels, first, last)``:
   each row a plane of ``(N * C, H * W)``, its channel's scale and shift.
+* ``row_sums(x, out, divisor, first, last)``: each row's sum over
+  ``divisor`` (1 for ReduceSum, the width for ReduceMean), for small
+  arrays, whose numpy reduction costs its call (3.5-4.2 us for 16 rows of
+  384, 1.1-1.2 compiled).
 
 The row sums are compiled with LLVM's ``reassoc`` flag alone, so they
 vectorise (several partial sums, added at the end); no other fast-math flag
@@ -129,6 +133,12 @@ def instance_norm(x, scale, shift, out, epsilon, channels, first, last):
 
 
 {_HEADER}
+def row_sums(x, out, divisor, first, last):
+    for r in range(first, last):
+        out[r] = row_sum_(x[r]) / divisor
+
+
+{_HEADER}
 def add_layer_norm_sum(x, res, scale, shift, out, total, epsilon, first, last):
     cols = out.shape[1]
     width = _F(cols)
@@ -148,8 +158,8 @@ _MODULE = "asyncrt_epilogue_" + hashlib.sha256(_SOURCE.encode()).hexdigest()[:20
 
 def loop(name: str) -> Callable[..., None]:
     """The compiled loop ``name`` (``"bias_gelu"``, ``"bias_gelu_tanh"``,
-    ``"add_layer_norm"``, ``"add_layer_norm_sum"``, ``"layer_norm"`` or
-    ``"instance_norm"``).
+    ``"add_layer_norm"``, ``"add_layer_norm_sum"``, ``"layer_norm"``,
+    ``"instance_norm"`` or ``"row_sums"``).
 
     :raises ModuleNotFoundError: if numba is not installed.
     """

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _jit
+from . import _epijit, _jit
 from ._builtin import bind_softmax_last_axis, exact_sums, softmax_last_axis
 from ._common import Array, choice, flag, integer, ints, opt_ints, quiet
 from ._kernels import Bindable
@@ -106,6 +106,9 @@ def _reduce(xp: ModuleType, attrs: Attrs) -> Kernel:
         if kind not in ("sum", "mean"):
             return functools.partial(reduce, a, out)
         count = math.prod(a.shape[i] for i in axis)
+        rows = compiled_row_sums(a, out, axis, count, kind)
+        if rows is not None:
+            return rows
         add, divide, errstate = np.add.reduce, np.true_divide, np.errstate
 
         def sums() -> None:
@@ -117,6 +120,36 @@ def _reduce(xp: ModuleType, attrs: Attrs) -> Kernel:
         return sums
 
     return Bindable(reduce, bind)
+
+
+#: Arrays of at most this many elements sum their trailing axes in a
+#: compiled loop (:func:`compiled_row_sums`), larger ones by numpy's
+#: pairwise ``add.reduce`` (whose call and ``errstate`` cost 3-4 us).
+MAX_COMPILED_SUM = 1 << 16
+
+
+def compiled_row_sums(
+    a: Array, out: Array, axis: tuple[int, ...], count: int, kind: str
+) -> Callable[[], None] | None:
+    """A float32 sum (or mean) over ``a``'s trailing ``axis`` as one
+    compiled loop over its rows (:mod:`asyncrt.ops._epijit`'s
+    ``row_sums``), or ``None`` where numpy's reduction serves: large
+    arrays, other dtypes or axes, strided arrays, no numba. The rows sum
+    in vector lanes (numpy's sum is pairwise): within float32 rounding of
+    numpy's, not bit for bit."""
+    trailing = tuple(range(a.ndim - len(axis), a.ndim))
+    if not (
+        _jit.available()
+        and a.dtype == out.dtype == np.float32
+        and 0 < a.size <= MAX_COMPILED_SUM
+        and tuple(sorted(axis)) == trailing
+        and a.flags.c_contiguous
+        and out.flags.c_contiguous
+    ):
+        return None
+    rows, divisor = a.size // count, np.float32(count if kind == "mean" else 1)
+    arrays = (a.reshape(rows, count), out.reshape(rows), divisor)
+    return _epijit.bind_rows(_epijit.loop("row_sums"), arrays, rows, count)
 
 
 @define("arg_reduce")
