@@ -17,6 +17,11 @@ with :mod:`asyncrt.ops._jitmath`'s helpers and compiled once per machine
   its bytes floor against 2.2-5x for numpy's seven passes.
 * ``instance_norm(x, scale, shift, out, epsilon, channels, first, last)``:
   each row a plane of ``(N * C, H * W)``, its channel's scale and shift.
+* ``softmax_rows(x, out, first, last)``: each row's softmax, shifted by
+  its maximum, over ``_jitmath``'s ``exp_``, for small arrays (one call
+  instead of numpy's six: 1536 elements 5.9 -> 2.3 us, 256 4.4 -> 1.0; from
+  about 8Ki elements numpy's whole-array passes are faster). NaN in a row,
+  or an infinite maximum, makes the row NaN, as the numpy passes do.
 * ``row_sums(x, out, divisor, first, last)``: each row's sum over
   ``divisor`` (1 for ReduceSum, the width for ReduceMean), for small
   arrays, whose numpy reduction costs its call (3.5-4.2 us for 16 rows of
@@ -133,6 +138,21 @@ def instance_norm(x, scale, shift, out, epsilon, channels, first, last):
 
 
 {_HEADER}
+def softmax_rows(x, out, first, last):
+    for r in range(first, last):
+        xr, row = x[r], out[r]
+        top = xr[0]
+        for c in range(1, xr.shape[0]):
+            v = xr[c]
+            top = v if v > top else top
+        for c in range(xr.shape[0]):
+            row[c] = exp_(xr[c] - top)
+        inv = _ONE / row_sum_(row)
+        for c in range(row.shape[0]):
+            row[c] = row[c] * inv
+
+
+{_HEADER}
 def row_sums(x, out, divisor, first, last):
     for r in range(first, last):
         out[r] = row_sum_(x[r]) / divisor
@@ -159,7 +179,7 @@ _MODULE = "asyncrt_epilogue_" + hashlib.sha256(_SOURCE.encode()).hexdigest()[:20
 def loop(name: str) -> Callable[..., None]:
     """The compiled loop ``name`` (``"bias_gelu"``, ``"bias_gelu_tanh"``,
     ``"add_layer_norm"``, ``"add_layer_norm_sum"``, ``"layer_norm"``,
-    ``"instance_norm"`` or ``"row_sums"``).
+    ``"instance_norm"``, ``"softmax_rows"`` or ``"row_sums"``).
 
     :raises ModuleNotFoundError: if numba is not installed.
     """

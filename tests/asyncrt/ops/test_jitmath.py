@@ -124,3 +124,36 @@ def test_the_library_mish_is_the_compiled_loop(size: int) -> None:
     out64 = np.empty_like(wide)
     get_global_func("mish", "cpu")(wide, out64)
     np.testing.assert_allclose(out64[finite], exact[finite], rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(1, 6, 16, 16), (3, 7), (1, 4096)])
+def test_small_softmaxes_are_one_compiled_loop(shape: tuple[int, ...]) -> None:
+    from asyncrt.ops import _builtin
+
+    assert np.prod(shape) <= _builtin.COMPILED_SOFTMAX_MAX
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)
+    rows = x.reshape(-1, shape[-1])
+    special = [np.nan, np.inf, -np.inf, -3.4e38]
+    for r, value in enumerate(special[: rows.shape[0] - 1]):
+        rows[r + 1, 0] = value
+    out = np.empty_like(x)
+    _builtin.bind_softmax_last_axis(x, out)()
+    wide = x.reshape(-1, shape[-1]).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(wide - wide.max(axis=1, keepdims=True))
+        exact = (e / e.sum(axis=1, keepdims=True)).reshape(shape).astype(np.float32)
+    got, want = out.reshape(-1, shape[-1]), exact.reshape(-1, shape[-1])
+    plain = np.isfinite(rows).all(axis=1) | (rows == np.float32(-3.4e38)).any(axis=1)
+    # (tiny values carry the rounding of x - max: absolute error counts)
+    np.testing.assert_allclose(got[plain], want[plain], rtol=2e-6, atol=1e-7)
+    # a NaN or +inf makes its row NaN (as numpy's passes); -inf is a 0
+    for r, value in enumerate(special[: rows.shape[0] - 1]):
+        if value != value or value == np.inf:
+            assert np.isnan(got[r + 1]).all()
+        else:
+            assert got[r + 1, 0] == 0 and np.isfinite(got[r + 1]).all()
+    # in place, as the fused scale-and-softmax kernels bind it
+    again = x.copy()
+    _builtin.bind_softmax_last_axis(again, again)()
+    np.testing.assert_array_equal(again, out)
