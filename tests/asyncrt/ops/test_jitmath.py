@@ -126,11 +126,19 @@ def test_the_library_mish_is_the_compiled_loop(size: int) -> None:
     np.testing.assert_allclose(out64[finite], exact[finite], rtol=1e-6)
 
 
-@pytest.mark.parametrize("shape", [(1, 6, 16, 16), (3, 7), (1, 4096)])
-def test_small_softmaxes_are_one_compiled_loop(shape: tuple[int, ...]) -> None:
-    from asyncrt.ops import _builtin
+@pytest.mark.parametrize("shape", [(1, 6, 16, 16), (3, 7), (1, 4096), (2, 20, 300)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_compiled_softmax_rows(
+    shape: tuple[int, ...], threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncrt.ops import _builtin, _epijit
+    from asyncrt.runtime import _threads
 
-    assert np.prod(shape) <= _builtin.COMPILED_SOFTMAX_MAX
+    # over threads; the last shape's rows take two blocks of the loop
+    monkeypatch.setattr(_threads.limits, "compiled_threads", threads)
+    monkeypatch.setattr(_builtin, "SOFTMAX_SPLIT_ELEMENTS", 64)
+    if shape[-1] == 300:
+        assert np.prod(shape) > _epijit.SOFTMAX_BLOCK
     rng = np.random.default_rng(len(shape))
     x = (rng.standard_normal(shape) * 8).astype(np.float32)
     rows = x.reshape(-1, shape[-1])
