@@ -346,6 +346,9 @@ def _bind_softmax_rows(
     totals = np.empty(flat.shape[0], dtype=flat.dtype)
     column, ones = totals.reshape(-1, 1), ones_vector(flat.shape[1], flat.dtype.str)
     minimum, maximum, fmax = np.minimum.reduce, np.maximum.reduce, np.fmax.reduce
+    # The masked path below may find that it must shift the scores after
+    # all: in place, it takes their exponentials into a scratch of its own.
+    trial = np.empty_like(rows) if np.may_share_memory(flat, rows) else rows
     exp, subtract, matmul = np.exp, np.subtract, np.matmul
     reciprocal, multiply = np.reciprocal, np.multiply
 
@@ -368,11 +371,11 @@ def _bind_softmax_rows(
             # -64 - log(width) and the unshifted quotients are the shifted
             # ones (outputs of exp(x) < 1e-38 lose their last bits: an
             # absolute error below 1e-17). Else the rows are shifted.
-            exp(flat, rows)
-            matmul(rows, ones, out=totals)
+            exp(flat, trial)
+            matmul(trial, ones, out=totals)
             if minimum(totals, axis=None) >= MIN_ROW_SUM:
                 reciprocal(totals, totals)
-                multiply(rows, column, rows)
+                multiply(trial, column, rows)
                 return
         with np.errstate(all="ignore"):  # IEEE results for inf and NaN rows
             subtract(flat, fmax(flat, axis=1, keepdims=True), rows)

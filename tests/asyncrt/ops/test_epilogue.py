@@ -204,6 +204,53 @@ def test_scale_add_softmax_gives_the_unfused_kernels_bits(
     np.testing.assert_array_equal(out, expected)
 
 
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("divide", [True, False])
+@pytest.mark.parametrize("cond_shape", [(1, 1, 6, 6), (6, 6), (2, 1, 1, 6)])
+@pytest.mark.parametrize("compiled", ENGINES)
+def test_scale_where_softmax_gives_the_unfused_kernels_bits(
+    keep: bool,
+    divide: bool,
+    cond_shape: tuple[int, ...],
+    compiled: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # where(k, x / c, f) with keep (a causal mask as PyTorch exports it),
+    # where(k, f, x / c) without: the compiled rows or the numpy passes
+    monkeypatch.setattr(_jit, "enabled", compiled)
+    x = _float(2, 3, 6, 6) * 4
+    x[0, 0, 1, 1] = np.nan  # its row is NaN, as the unfused kernels have it
+    c, f = np.array(np.sqrt(8.0), np.float32), np.array(-np.inf, np.float32)
+    k = np.tril(np.ones((6, 6), bool)) if cond_shape[-2] == 6 else RNG.random(6) > 0.3
+    k = np.ascontiguousarray(np.broadcast_to(k, cond_shape))
+    scaled = np.divide(x, c) if divide else np.multiply(x, c)
+    expected = np.empty_like(x)
+    _op("softmax", axes=[3], log=False)(
+        np.where(k, scaled, f) if keep else np.where(k, f, scaled), expected
+    )
+    out = np.full_like(x, 7.0)
+    kernel = _op("scale_where_softmax", divide=divide, keep=keep, axes=[3])
+    kernel.bind(x, c, k, f, out)()
+    np.testing.assert_array_equal(out, expected)
+    kept = np.broadcast_to(k, x.shape)[0, 0, 1, 1] == keep  # the NaN not filled
+    assert np.isnan(out[0, 0, 1]).all() == kept
+
+
+@pytest.mark.parametrize("compiled", ENGINES)
+def test_scale_softmax_without_a_mask_and_with_a_float64_scale(
+    compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_jit, "enabled", compiled)
+    x = _float(3, 4, 9)
+    softmax = _op("softmax", axes=[2], log=False)
+    for c in (np.array(0.125, np.float32), np.array(0.125, np.float64)):
+        expected = np.empty_like(x)
+        softmax(np.multiply(x, c, out=np.empty_like(x), casting="unsafe"), expected)
+        out = np.empty_like(x)
+        _op("scale_add_softmax", divide=False, axes=[2]).bind(x, c, out)()
+        np.testing.assert_array_equal(out, expected)
+
+
 @pytest.mark.parametrize("bound", [False, True])
 @pytest.mark.parametrize("seq", [5, 40])  # K^T as a view; copied first
 def test_matmul_views_multiplies_the_transposed_views(bound: bool, seq: int) -> None:
