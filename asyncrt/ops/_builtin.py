@@ -311,6 +311,9 @@ def bind_softmax_last_axis(
         and out.flags.c_contiguous
         and _jit.available()
     ):
+        if flat.ctypes.data == rows.ctypes.data:  # in place (C-contiguous both)
+            kernel = _epijit.loop("softmax_rows_in_place")
+            return _jit.bind_parts(kernel, (rows,), shares)
         kernel = _epijit.loop("softmax_rows")
         return _jit.bind_parts(kernel, (flat, rows), shares)
     step = max(1, SOFTMAX_BLOCK // width)

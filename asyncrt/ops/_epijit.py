@@ -156,11 +156,31 @@ def row_max_(v):
     return _I(top ^ ((top >> 31) & _I(2147483647))).view(_F)
 
 
+@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)
+def exp_normalise_(out, r0, r1):
+    # rows r0:r1 of out, each already shifted by its maximum: one flat exp
+    # pass over them (whole vectors, no remainder per row), then each row
+    # scaled by 1 / its sum
+    flat = out[r0:r1].reshape(-1)
+    for i in range(flat.shape[0]):
+        flat[i] = exp_(flat[i])
+    for r in range(r0, r1):
+        row = out[r]
+        inv = _ONE / row_sum_(row)
+        for c in range(row.shape[0]):
+            row[c] = row[c] * inv
+
+
+@numba.njit(inline="always", error_model="numpy")
+def shift_(row):
+    top = row_max_(row)
+    for c in range(row.shape[0]):
+        row[c] = row[c] - top
+
+
 {_HEADER}
 def softmax_rows(x, out, first, last):
-    # by blocks of rows that stay in L1: each row shifted by its maximum,
-    # then one flat exp pass over the block (whole vectors, no remainder
-    # per row), then each row scaled by 1 / its sum
+    # by blocks of rows that stay in L1
     width = x.shape[1]
     step = max(1, _SOFTMAX_BLOCK // width)
     for r0 in range(first, last, step):
@@ -170,14 +190,20 @@ def softmax_rows(x, out, first, last):
             top = row_max_(xr)
             for c in range(width):
                 row[c] = xr[c] - top
-        flat = out[r0:r1].reshape(-1)
-        for i in range(flat.shape[0]):
-            flat[i] = exp_(flat[i])
+        exp_normalise_(out, r0, r1)
+
+
+{_HEADER}
+def softmax_rows_in_place(out, first, last):
+    # softmax_rows with x as out: one array, not two that are one (LLVM's
+    # overlap check would take its scalar loops)
+    width = out.shape[1]
+    step = max(1, _SOFTMAX_BLOCK // width)
+    for r0 in range(first, last, step):
+        r1 = min(last, r0 + step)
         for r in range(r0, r1):
-            row = out[r]
-            inv = _ONE / row_sum_(row)
-            for c in range(width):
-                row[c] = row[c] * inv
+            shift_(out[r])
+        exp_normalise_(out, r0, r1)
 
 
 {_HEADER}

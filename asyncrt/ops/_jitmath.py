@@ -222,8 +222,11 @@ def gelu_tanh_(x):
 @numba.njit(inline="always", error_model="numpy")
 def exp_(v):
     # Cephes' expf: e^v = 2^n e^r, |r| <= ln2 / 2, r by a two-part ln 2
+    # (below _EXP_LO the result is 0: compute with 0 instead, as clamping
+    # there would make subnormal products, 100-cycle microcode assists on
+    # every masked attention score)
     x = _EXP_HI if v > _EXP_HI else v
-    x = _EXP_LO if x < _EXP_LO else x
+    x = _ZERO if x < _EXP_LO else x
     n = np.floor(x * _LOG2E + _HALF)
     r = x - n * _LN2_HI
     r = r - n * _LN2_LO
