@@ -356,6 +356,19 @@ def configured_cases() -> list[Case]:
                 [np.empty_like(scores)],
             )
         )
+        # a causal decoder's scaled, masked scores (GPT-2 as PyTorch
+        # exports it: half the cells filled with float32's lowest)
+        causal = np.ascontiguousarray(np.tril(np.ones((s, s), bool))[None, None])
+        cases.append(
+            Case(
+                f"scale_where_softmax causal {b}x{heads}x{s}x{s}",
+                "scale_where_softmax",
+                {"divide": True, "keep": True, "axes": [3]},
+                [scores, np.array(8.0, F32), causal, np.array(-3.4e38, F32)],
+                [np.empty_like(scores)],
+                moved=2 * scores.nbytes + causal.nbytes,
+            )
+        )
         for approximate in ("none", "tanh"):
             h = _rand(b, s, 4 * d)
             cases.append(

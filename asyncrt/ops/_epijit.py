@@ -23,6 +23,15 @@ with :mod:`asyncrt.ops._jitmath`'s helpers and compiled once per machine
   passes, one thread: 1536 elements 5.9 -> 1.9 us, 49Ki 44 -> 35, 480k
   (4 x 12 x 100 x 100) 409 -> 392, 1.5M 1342 -> 1175. NaN in a row, or an
   infinite maximum, makes the row NaN, as the numpy passes do.
+* ``scale_add_softmax_rows(x, scale, mask, mask_rows, out, divide, first,
+  last)`` and ``scale_where_softmax_rows(x, scale, cond, cond_rows, fill,
+  out, divide, keep, first, last)``: attention's scaled, masked softmax as
+  one pass over memory (the scale and mask applied as each row is read,
+  the mask's or condition's row for each row given by an index: a
+  broadcast mask is not expanded). Against numpy's scale and mask passes
+  before the compiled softmax, bit for bit, one thread, a causal mask:
+  4 x 12 x 100 x 100 563 -> 472 us, 8 x 12 x 128 x 128 1795 -> 1327,
+  16 x 12 x 512 x 512 70 -> 50 ms (a third of the memory traffic).
 * ``row_sums(x, out, divisor, first, last)``: each row's sum over
   ``divisor`` (1 for ReduceSum, the width for ReduceMean), for small
   arrays, whose numpy reduction costs its call (3.5-4.2 us for 16 rows of
@@ -207,6 +216,49 @@ def softmax_rows_in_place(out, first, last):
 
 
 {_HEADER}
+def scale_add_softmax_rows(x, scale, mask, mask_rows, out, divide, first, last):
+    # softmax(x * scale + mask) (x / scale with divide), the mask's row for
+    # each row given by mask_rows (a broadcast mask: rows repeat)
+    width = x.shape[1]
+    step = max(1, _SOFTMAX_BLOCK // width)
+    c0 = _F(scale[0])
+    for r0 in range(first, last, step):
+        r1 = min(last, r0 + step)
+        for r in range(r0, r1):
+            xr, mr, row = x[r], mask[mask_rows[r]], out[r]
+            if divide:
+                for c in range(width):
+                    row[c] = xr[c] / c0 + mr[c]
+            else:
+                for c in range(width):
+                    row[c] = xr[c] * c0 + mr[c]
+            shift_(row)
+        exp_normalise_(out, r0, r1)
+
+
+{_HEADER}
+def scale_where_softmax_rows(x, scale, cond, cond_rows, fill, out, divide, keep,
+                             first, last):
+    # softmax(where(cond != keep, fill, x * scale)) (x / scale with
+    # divide): keep=True fills where cond does not hold
+    width = x.shape[1]
+    step = max(1, _SOFTMAX_BLOCK // width)
+    c0, f0 = _F(scale[0]), _F(fill[0])
+    for r0 in range(first, last, step):
+        r1 = min(last, r0 + step)
+        for r in range(r0, r1):
+            xr, kr, row = x[r], cond[cond_rows[r]], out[r]
+            if divide:
+                for c in range(width):
+                    row[c] = f0 if kr[c] != keep else xr[c] / c0
+            else:
+                for c in range(width):
+                    row[c] = f0 if kr[c] != keep else xr[c] * c0
+            shift_(row)
+        exp_normalise_(out, r0, r1)
+
+
+{_HEADER}
 def row_sums(x, out, divisor, first, last):
     for r in range(first, last):
         out[r] = row_sum_(x[r]) / divisor
@@ -236,7 +288,9 @@ _MODULE = "asyncrt_epilogue_" + hashlib.sha256(_SOURCE.encode()).hexdigest()[:20
 def loop(name: str) -> Callable[..., None]:
     """The compiled loop ``name`` (``"bias_gelu"``, ``"bias_gelu_tanh"``,
     ``"add_layer_norm"``, ``"add_layer_norm_sum"``, ``"layer_norm"``,
-    ``"instance_norm"``, ``"softmax_rows"`` or ``"row_sums"``).
+    ``"instance_norm"``, ``"softmax_rows"``, ``"softmax_rows_in_place"``,
+    ``"scale_add_softmax_rows"``, ``"scale_where_softmax_rows"`` or
+    ``"row_sums"``).
 
     :raises ModuleNotFoundError: if numba is not installed.
     """

@@ -21,14 +21,18 @@ round trip through memory per op:
   ``axes``: attention's ``softmax(x / c + m)`` (or ``x * c``, or no
   mask): the three kernels
   the unfused graph runs, in place in ``out`` (the unfused bits, one launch
-  and no intermediate tensors).
+  and no intermediate tensors). float32 over the last axis, with numba:
+  one compiled pass per block of rows (``_epijit``'s
+  ``scale_add_softmax_rows``), the mask's rows indexed, not broadcast: the
+  same bits, a third of the memory traffic.
 * ``scale_where_softmax(x, c, k, f, out)``, attributes ``divide``,
   ``keep`` and ``axes``: a causal mask as PyTorch exports it,
   ``softmax(where(k, x / c, f))`` (``where(k, f, x / c)`` without
   ``keep``): the scaled scores written into ``out``, the fill copied over
   the masked cells (the condition inverted once where it is a parameter),
   then the softmax in place: the unfused bits, without the Where's pass
-  and tensor.
+  and tensor. float32 with numba: one compiled pass per block of rows
+  (``scale_where_softmax_rows``), as ``scale_add_softmax``.
 * ``matmul_views(a, b, out)``, attributes ``perm_a``, ``perm_b`` and
   ``perm_out`` (each a permutation or ``None``): attention's ``Transpose ->
   MatMul -> Transpose`` as one matmul over transposed views. BLAS reads a
@@ -52,8 +56,9 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
+from ..runtime import _threads
 from . import _epijit, _jit
-from ._builtin import bind_matmul
+from ._builtin import SOFTMAX_SPLIT_ELEMENTS, bind_matmul
 from ._common import BOUND_SCRATCH_BYTES, Array, choice, flag, integer, number
 from ._kernels import Bindable
 from ._library import Attrs, define, lookup
@@ -219,6 +224,56 @@ def _softmax_in_place(xp: ModuleType, attrs: Attrs) -> Callable[[Array], Kernel]
     return bound
 
 
+def _rows_of(operand: Array, out: Array) -> tuple[Array, Array] | None:
+    """``operand`` (broadcast to ``out``'s shape) as 2-D rows of ``out``'s
+    width and, for each of ``out``'s rows, the index of its row there; or
+    ``None`` where it does not broadcast along whole rows (its last axis is
+    not ``out``'s) or is strided."""
+    width = out.shape[-1]
+    if not operand.ndim or operand.shape[-1] != width:
+        return None
+    if not operand.flags.c_contiguous:
+        return None
+    lead = operand.shape[:-1]
+    index = np.arange(math.prod(lead), dtype=np.int64).reshape(lead)
+    try:
+        rows = np.broadcast_to(index, out.shape[:-1]).reshape(-1)
+    except ValueError:
+        return None
+    return operand.reshape(-1, width), np.ascontiguousarray(rows)
+
+
+def _compiled_softmax(attrs: Attrs, x: Array, c: Array, out: Array) -> bool:
+    """Whether the compiled scale-and-softmax loops take these arrays: the
+    softmax over the last axis, numpy float32 (the scale too: numpy
+    computes in float64 with a float64 one), C-contiguous, of one shape, a
+    one-element scale, numba available."""
+    return bool(
+        _jit.available()
+        and out.ndim
+        and out.size
+        and attrs.get("axes") in (None, [out.ndim - 1])
+        and c.size == 1
+        and x.shape == out.shape
+        and all(
+            isinstance(a, np.ndarray) and a.dtype == _FLOAT32 and a.flags.c_contiguous
+            for a in (x, c, out)
+        )
+    )
+
+
+def _bind_softmax_rows(
+    name: str, operands: tuple[Array, ...], out: Array, *flags: bool
+) -> Callable[[], None]:
+    """The compiled loop ``name(*operands, out rows, *flags, first, last)``
+    over ``out``'s rows, split over the kernel threads as the softmax is."""
+    width = out.shape[-1]
+    rows = out.size // width
+    shares = _threads.shares(rows, out.size // SOFTMAX_SPLIT_ELEMENTS)
+    arrays = (*operands, out.reshape(rows, width), *flags)
+    return _jit.bind_parts(_epijit.loop(name), arrays, shares)
+
+
 @define("scale_add_softmax", flops=lambda ins, outs: 4.0 * outs[0].size)
 def _scale_add_softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
     divide = flag(attrs, "divide")
@@ -227,6 +282,9 @@ def _scale_add_softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
 
     def bind(x: Array, c: Array, *rest: Array) -> Callable[[], None]:
         out = rest[-1]
+        compiled = compiled_rows(x, c, *rest)
+        if compiled is not None:
+            return compiled
         normalise = softmax_of(out)
         if len(rest) == 1:  # no mask
 
@@ -243,6 +301,27 @@ def _scale_add_softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
             normalise()
 
         return scale_add_softmax
+
+    def compiled_rows(x: Array, c: Array, *rest: Array) -> Callable[[], None] | None:
+        """One compiled pass per block of rows, or ``None``."""
+        out = rest[-1]
+        if not _compiled_softmax(attrs, x, c, out):
+            return None
+        width = out.shape[-1]
+        if len(rest) == 1:  # no mask: one row of zeros for every row
+            zeros = np.zeros((1, width), _FLOAT32)
+            rows: tuple[Array, Array] | None = (
+                zeros,
+                np.zeros(out.size // width, np.int64),
+            )
+        elif rest[0].dtype == _FLOAT32:
+            rows = _rows_of(rest[0], out)
+        else:  # numpy adds in the mask's wider type
+            rows = None
+        if rows is None:
+            return None
+        operands = (x.reshape(-1, width), c.reshape(-1), *rows)
+        return _bind_softmax_rows("scale_add_softmax_rows", operands, out, divide)
 
     def call(x: Array, c: Array, *rest: Array) -> None:
         bind(x, c, *rest)()
@@ -264,6 +343,16 @@ def _scale_where_softmax(xp: ModuleType, attrs: Attrs) -> Kernel:
         out: Array,
         constant: frozenset[int] = frozenset(),
     ) -> Callable[[], None]:
+        rows = _rows_of(k, out) if k.dtype == np.bool_ and out.ndim else None
+        if rows is not None and f.size == 1 and _compiled_softmax(attrs, x, c, out):
+            operands = (x.reshape(-1, out.shape[-1]), c.reshape(-1), *rows)
+            return _bind_softmax_rows(
+                "scale_where_softmax_rows",
+                (*operands, f.reshape(-1)),
+                out,
+                divide,
+                keep,
+            )
         normalise = softmax_of(out)
         # the cells that take the fill: where k does not hold, with keep
         filled = xp.logical_not(k) if keep and 2 in constant else None
