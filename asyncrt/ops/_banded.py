@@ -34,7 +34,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ._common import Array, all_finite
+from ._common import Array, bind_all_finite
 from ._conv_epilogue import bind_bias_activation
 
 __all__ = ("MAX_PADDED_WIDTH", "MIN_ROWS", "bind_banded", "takes")
@@ -135,9 +135,10 @@ def bind_banded(
     bias_view = None if bias is None else bias.reshape(1, c, 1, 1)
     copyto, matmul = xp.copyto, xp.matmul
     epilogue = bind_bias_activation(xp, planar, bias_view, out, activation)
+    finite = bind_all_finite(x)
 
     def banded() -> None:
-        if not all_finite(x):
+        if not finite():
             exact()
             return
         copyto(diagonals, taps)

@@ -53,7 +53,7 @@ from . import (
 from ._builtin import SOFTMAX_SPLIT_ELEMENTS, ones_vector
 from ._common import (
     Array,
-    all_finite,
+    bind_all_finite,
     choice,
     flag,
     in_turn,
@@ -553,10 +553,10 @@ def _avg_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
         matrix = pooling_matrix(in_spatial, out_spatial, x.dtype.str)
         planes = x.shape[0] * x.shape[1]
         rows, columns = x.reshape(planes, size), out.reshape(planes, positions)
-        matmul = xp.matmul
+        matmul, finite = xp.matmul, bind_all_finite(x)
 
         def pool() -> None:
-            if all_finite(x):
+            if finite():
                 matmul(rows, matrix, out=columns)
             else:
                 by_folds(x, out)()
