@@ -76,6 +76,7 @@ from ._windows import (
     reduce_windows,
     windows,
 )
+from .reduce import compiled_row_sums
 
 __all__ = ()
 
@@ -629,6 +630,14 @@ def _global(reduce: str) -> Callable[[ModuleType, Attrs], Kernel]:
 
         def bind(x: Array, out: Array) -> Callable[[], None]:
             size = math.prod(x.shape[2:])
+            spatial = tuple(range(2, x.ndim))
+            compiled = (
+                compiled_row_sums(x, out, spatial, size, "mean")
+                if reduce == "mean"
+                else None
+            )
+            if compiled is not None:  # small float32: one compiled loop
+                return compiled
             if reduce == "mean" and size and x.dtype.kind == "f" and x.itemsize >= 4:
                 # Each plane's mean as one matrix-vector product (BLAS):
                 # numpy's mean over several axes costs several microseconds
@@ -642,9 +651,7 @@ def _global(reduce: str) -> Callable[[ModuleType, Attrs], Kernel]:
                     divide(sums, size, sums)
 
                 return means
-            return functools.partial(
-                func, x, axis=tuple(range(2, x.ndim)), keepdims=True, out=out
-            )
+            return functools.partial(func, x, axis=spatial, keepdims=True, out=out)
 
         def global_pool(x: Array, out: Array) -> None:
             bind(x, out)()

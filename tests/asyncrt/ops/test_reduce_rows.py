@@ -70,3 +70,15 @@ def test_which_arrays_keep_numpys_reduction() -> None:
     x = np.random.default_rng(5).standard_normal((9, 6)).astype(np.float32)
     out, want = _bound("sum", [0], x)
     np.testing.assert_array_equal(out, want)
+
+
+def test_global_average_pools_take_the_compiled_rows() -> None:
+    name = ops.register_op_kernel("global_avg_pool", {})
+    kernel = global_namespace_func(name, "numpy")
+    x = np.random.default_rng(7).standard_normal((2, 16, 7, 7)).astype(np.float32)
+    out = np.empty((2, 16, 1, 1), np.float32)
+    assert reduce.compiled_row_sums(x, out, (2, 3), 49, "mean") is not None
+    kernel.bind(x, out)()
+    exact = x.astype(np.float64).mean(axis=(2, 3), keepdims=True)
+    scale = np.abs(x).astype(np.float64).mean(axis=(2, 3), keepdims=True)
+    assert np.all(np.abs(out - exact) <= 4e-7 * scale)
