@@ -158,8 +158,12 @@ def parse_graph(obj: object) -> Graph:
 def _missing_top_key(obj: Mapping[str, Any], key: str) -> str:
     message = f"missing required key {key!r}"
     nodes = obj.get("nodes")
-    ops = (
-        {n.get("op") for n in nodes if isinstance(n, Mapping)}
+    ops = (  # (an op that is not a string is another key's error)
+        {
+            op
+            for n in nodes
+            if isinstance(n, Mapping) and isinstance(op := n.get("op"), str)
+        }
         if isinstance(nodes, list)
         else set()
     )

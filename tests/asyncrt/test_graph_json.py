@@ -206,6 +206,13 @@ ERRORS = [
     # (mutation, node, field, message fragment)
     (_set("nodes", "-"), None, "nodes", "missing required key 'nodes'"),
     (_set("heads", "-"), None, "heads", "missing required key"),
+    # an unhashable op beside a missing key (found by the fuzz test below)
+    (
+        _both(_set("nodes/0/op", [0]), _set("heads", "-")),
+        None,
+        "heads",
+        "missing required key",
+    ),
     (_set("arg_nodes", "-"), None, "arg_nodes", "missing required key"),
     (_set("node_row_ptr", "-"), None, "node_row_ptr", "missing required key"),
     (_set("attrs", "-"), None, "attrs", "missing required key 'attrs'"),
