@@ -191,7 +191,7 @@ def shift_(row):
 def softmax_rows(x, out, first, last):
     # by blocks of rows that stay in L1
     width = x.shape[1]
-    step = max(1, _SOFTMAX_BLOCK // width)
+    step = max(1, _ROWS_BLOCK // width)
     for r0 in range(first, last, step):
         r1 = min(last, r0 + step)
         for r in range(r0, r1):
@@ -207,7 +207,7 @@ def softmax_rows_in_place(out, first, last):
     # softmax_rows with x as out: one array, not two that are one (LLVM's
     # overlap check would take its scalar loops)
     width = out.shape[1]
-    step = max(1, _SOFTMAX_BLOCK // width)
+    step = max(1, _ROWS_BLOCK // width)
     for r0 in range(first, last, step):
         r1 = min(last, r0 + step)
         for r in range(r0, r1):
@@ -220,7 +220,7 @@ def scale_add_softmax_rows(x, scale, mask, mask_rows, out, divide, first, last):
     # softmax(x * scale + mask) (x / scale with divide), the mask's row for
     # each row given by mask_rows (a broadcast mask: rows repeat)
     width = x.shape[1]
-    step = max(1, _SOFTMAX_BLOCK // width)
+    step = max(1, _ROWS_BLOCK // width)
     c0 = _F(scale[0])
     for r0 in range(first, last, step):
         r1 = min(last, r0 + step)
@@ -242,7 +242,7 @@ def scale_where_softmax_rows(x, scale, cond, cond_rows, fill, out, divide, keep,
     # softmax(where(cond != keep, fill, x * scale)) (x / scale with
     # divide): keep=True fills where cond does not hold
     width = x.shape[1]
-    step = max(1, _SOFTMAX_BLOCK // width)
+    step = max(1, _ROWS_BLOCK // width)
     c0, f0 = _F(scale[0]), _F(fill[0])
     for r0 in range(first, last, step):
         r1 = min(last, r0 + step)
@@ -278,10 +278,12 @@ def add_layer_norm_sum(x, res, scale, shift, out, total, epsilon, first, last):
             row[c] = ((sums[c] - mean) * inv) * scale[c] + shift[c]
 """
 
-#: Elements of the rows a softmax block holds (32 KiB).
-SOFTMAX_BLOCK = 8192
+#: Elements of the rows each block of the compiled softmax loops holds
+#: (32 KiB, in L1; the numpy passes' blocks, ``_builtin.SOFTMAX_BLOCK``,
+#: are sized for L2).
+ROWS_BLOCK = 8192
 
-_SOURCE = "\n".join([*_jitmath.head(), f"_SOFTMAX_BLOCK = {SOFTMAX_BLOCK}", _LOOPS])
+_SOURCE = "\n".join([*_jitmath.head(), f"_ROWS_BLOCK = {ROWS_BLOCK}", _LOOPS])
 _MODULE = "asyncrt_epilogue_" + hashlib.sha256(_SOURCE.encode()).hexdigest()[:20]
 
 

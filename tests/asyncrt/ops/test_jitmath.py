@@ -138,7 +138,7 @@ def test_compiled_softmax_rows(
     monkeypatch.setattr(_threads.limits, "compiled_threads", threads)
     monkeypatch.setattr(_builtin, "SOFTMAX_SPLIT_ELEMENTS", 64)
     if shape[-1] == 300:
-        assert np.prod(shape) > _epijit.SOFTMAX_BLOCK
+        assert np.prod(shape) > _epijit.ROWS_BLOCK
     rng = np.random.default_rng(len(shape))
     x = (rng.standard_normal(shape) * 8).astype(np.float32)
     rows = x.reshape(-1, shape[-1])
