@@ -160,6 +160,7 @@ def _compiled(
             axis is None
             or not out.size
             or not _jit.available()
+            or not all(isinstance(x, np.ndarray) for x in arrays)  # not cupy's
             or not accepts(*arrays)
             or not all(x.flags.c_contiguous for x in arrays)
         ):

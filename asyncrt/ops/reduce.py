@@ -134,12 +134,14 @@ def compiled_row_sums(
     """A float32 sum (or mean) over ``a``'s trailing ``axis`` as one
     compiled loop over its rows (:mod:`asyncrt.ops._epijit`'s
     ``row_sums``), or ``None`` where numpy's reduction serves: large
-    arrays, other dtypes or axes, strided arrays, no numba. The rows sum
-    in vector lanes (numpy's sum is pairwise): within float32 rounding of
-    numpy's, not bit for bit."""
+    arrays, other dtypes or axes, strided arrays, other devices' arrays,
+    no numba. The rows sum in vector lanes (numpy's sum is pairwise):
+    within float32 rounding of numpy's, not bit for bit."""
     trailing = tuple(range(a.ndim - len(axis), a.ndim))
     if not (
         _jit.available()
+        and isinstance(a, np.ndarray)  # cupy's arrays look alike
+        and isinstance(out, np.ndarray)
         and a.dtype == out.dtype == np.float32
         and 0 < a.size <= MAX_COMPILED_SUM
         and tuple(sorted(axis)) == trailing

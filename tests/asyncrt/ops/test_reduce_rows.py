@@ -58,6 +58,14 @@ def test_specials_propagate_without_warnings() -> None:
     assert out[3] == np.inf  # overflow, as IEEE
 
 
+class _DeviceArray:
+    """An array of another device: numpy's attributes, not its type."""
+
+    def __init__(self, host: np.ndarray[Any, Any]) -> None:
+        self.dtype, self.shape, self.flags = host.dtype, host.shape, host.flags
+        self.size, self.ndim = host.size, host.ndim
+
+
 def test_which_arrays_keep_numpys_reduction() -> None:
     rows = reduce.compiled_row_sums
     small = np.ones((4, 6), np.float32)
@@ -66,6 +74,8 @@ def test_which_arrays_keep_numpys_reduction() -> None:
     assert rows(small[:, ::2], small, (1,), 3, "sum") is None  # strided
     big = np.ones((2, reduce.MAX_COMPILED_SUM), np.float32)
     assert rows(big, big, (1,), big.shape[1], "sum") is None
+    device = _DeviceArray(small)  # another device's array, as cupy's
+    assert rows(device, device, (1,), 6, "sum") is None
     # and those give numpy's sums bit for bit
     x = np.random.default_rng(5).standard_normal((9, 6)).astype(np.float32)
     out, want = _bound("sum", [0], x)
