@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import _jit, _jitbroadcast
-from ._common import relu_in_place
+from ._common import quiet, relu_in_place
 from ._kernels import Bindable
 
 __all__ = (
@@ -162,7 +162,7 @@ def around_transcendentals(
             )
 
         def run() -> None:
-            with np.errstate(all="ignore"):  # IEEE results, as numpy's own
+            with quiet(np):  # IEEE results, as numpy's own
                 for prepare, values, finish in parts:
                     prepare()
                     for call in calls:

@@ -40,12 +40,49 @@ _NON_FINITE = ("inf", "-inf", "nan")
 BOUND_SCRATCH_BYTES = 1 << 20
 
 
+def _quiet_state() -> tuple[Any, Any] | None:
+    """numpy 2's floating-point error state variable and its value inside
+    ``errstate(all="ignore")``, or ``None`` where numpy keeps its error
+    state otherwise (numpy 1.x)."""
+    try:
+        from numpy._core import _ufunc_config
+    except ImportError:
+        return None
+    variable = getattr(_ufunc_config, "_extobj_contextvar", None)
+    if variable is None:
+        return None
+    with np.errstate(all="ignore"):
+        return variable, variable.get()
+
+
+_QUIET_STATE = _quiet_state()
+if _QUIET_STATE is not None:
+    _set_state, _reset_state = _QUIET_STATE[0].set, _QUIET_STATE[0].reset
+    _QUIET_VALUE = _QUIET_STATE[1]
+
+
+class _Quiet:
+    """``np.errstate(all="ignore")`` as two context variable calls: the
+    error state's value is made once, not per kernel call (0.4 against
+    1.6 us a call, the larger part of a small ufunc's time)."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = _set_state(_QUIET_VALUE)
+
+    def __exit__(self, *exc: object) -> None:
+        _reset_state(self._token)
+
+
 def quiet(xp: ModuleType) -> contextlib.AbstractContextManager[Any]:
     """numpy's errstate keeping IEEE results (inf, nan) without warnings;
     ONNX defines them. cupy never warns, so it needs none."""
-    if xp is np:
+    if xp is not np:
+        return contextlib.nullcontext()
+    if _QUIET_STATE is None:
         return np.errstate(all="ignore")
-    return contextlib.nullcontext()
+    return _Quiet()
 
 
 def bind_all_finite(a: np.ndarray[Any, Any]) -> Callable[[], bool]:

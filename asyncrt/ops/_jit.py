@@ -95,9 +95,9 @@ def available() -> bool:
 
 def takes_pair(a: Any, out: Any, dtype: str, out_dtype: str, min_size: int = 1) -> bool:
     """Whether a compiled elementwise loop from ``a`` to ``out`` applies:
-    kernels may compile, ``a`` and ``out`` are numpy arrays of these dtypes and one shape,
-    at least ``min_size`` elements, and are both C-contiguous (flat views
-    of them are the arrays themselves)."""
+    kernels may compile, ``a`` and ``out`` are numpy arrays of these
+    dtypes and one shape, at least ``min_size`` elements, and are both
+    C-contiguous (flat views of them are the arrays themselves)."""
     return bool(
         available()
         and isinstance(a, np.ndarray)  # cupy's arrays look alike

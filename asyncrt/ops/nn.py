@@ -991,7 +991,7 @@ def _lrn(xp: ModuleType, attrs: Attrs) -> Kernel:
         images = list(zip(x, out, strict=True))
 
         def run() -> None:
-            with np.errstate(all="ignore"):
+            with quiet(np):
                 for image, target in images:
                     multiply(image, image, out=inner)
                     copyto(total, squares[:channels])

@@ -109,10 +109,10 @@ def _reduce(xp: ModuleType, attrs: Attrs) -> Kernel:
         rows = compiled_row_sums(a, out, axis, count, kind)
         if rows is not None:
             return rows
-        add, divide, errstate = np.add.reduce, np.true_divide, np.errstate
+        add, divide = np.add.reduce, np.true_divide
 
         def sums() -> None:
-            with errstate(over="ignore", invalid="ignore"):  # inf, as IEEE
+            with quiet(np):  # inf, as IEEE
                 add(a, axis=axis, keepdims=keepdims, out=out)
                 if kind == "mean":  # as numpy's mean: the sum, then / count
                     divide(out, count, out=out, casting="unsafe")
