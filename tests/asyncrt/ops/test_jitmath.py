@@ -65,6 +65,7 @@ REFERENCES: dict[str, tuple[Callable[[Array], Array], int]] = {
     # name: (float64 reference, the most ulps allowed)
     "exp_": (np.exp, 1),
     "sigmoid_": (lambda x: 1 / (1 + np.exp(-x)), 2),
+    "expm1_": (np.expm1, 2),
 }
 
 
@@ -80,6 +81,15 @@ def test_within_a_few_ulps_of_the_exact_result(name: str) -> None:
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     edge = ~np.isnan(want) & (np.isinf(want) | (want == 0))
     np.testing.assert_array_equal(got[edge], want[edge])
+
+
+def test_expm1_keeps_tiny_values_and_the_sign_of_zero() -> None:
+    x = np.array([1e-30, -1e-30, 1e-8, -0.0, 0.0, -0.49999997, 0.5, -200.0], np.float32)
+    got = _helper("expm1_")(x)
+    want = np.expm1(x.astype(np.float64)).astype(np.float32)
+    assert _ulps(got, want).max() <= 2  # both sides of the switch at 1/2
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    assert got[0] == x[0] and got[-1] == -1
 
 
 def test_exp_reaches_the_subnormals_and_saturates() -> None:
