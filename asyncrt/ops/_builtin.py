@@ -161,6 +161,24 @@ def _relu(xp: ModuleType) -> Callable[..., None]:
     return _jitfuse.compiled_unary(_RELU, relu) if xp is np else relu
 
 
+# numpy's sign: NaN in, NaN out, +0 for either zero. numpy's float32 sign
+# is a scalar loop: 4096 elements took 5.0 us, 3.4x their bytes floor.
+_SIGN = FusionTemplate(
+    "sign",
+    jit="(_ONE if {0} > _ZERO else (-_ONE if {0} < _ZERO else ({0} + _ZERO)))",
+)
+
+
+@builtin("sign", fusion=_SIGN)
+def _sign(xp: ModuleType) -> Callable[..., None]:
+    sign = xp.sign
+
+    def kernel(a: Array, out: Array) -> None:
+        sign(a, out=out)
+
+    return _jitfuse.compiled_unary(_SIGN, kernel) if xp is np else kernel
+
+
 # Compiled (where numba is installed), the library's float32 sigmoid is one
 # loop over _jitmath's exp_ (within 1 ulp of the exact exp, as numpy's is
 # within 2): 0.55 ns an element against 0.81 for numpy's four passes, and
@@ -850,7 +868,6 @@ for _name, _func, _flops, _fusion in (
     ("ceil", "ceil", None, _numpy_only("ceil")),
     # ONNX rounds half to even, as rint does
     ("round", "rint", None, _numpy_only("round")),
-    ("sign", "sign", None, _numpy_only("sign")),
     ("sin", "sin", _TRANSCENDENTAL, _function("sin")),
     ("cos", "cos", _TRANSCENDENTAL, _function("cos")),
     ("tan", "tan", _TRANSCENDENTAL, _function("tan")),

@@ -54,6 +54,7 @@ def _special(size: int) -> np.ndarray[Any, Any]:
         [("bias_add", 2), ("cube", 1), ("hard_swish", 1), ("sqrt", 1)],
         [("subtract", 2), ("square", 1), ("reciprocal", 1), ("abs", 1)],
         [("divide", 2), ("negative", 1), ("maximum", 2), ("minimum", 2)],
+        [("multiply", 2), ("sign", 1), ("add", 2)],
     ],
 )
 def test_compiled_chains_equal_the_unfused_kernels_bit_for_bit(
@@ -135,6 +136,7 @@ def test_generated_sources_are_kept_in_the_cache_folder(
         ("leaky_relu", {"alpha": 0.01}),
         ("gelu", {"approximate": "none"}),
         ("gelu", {"approximate": "tanh"}),
+        ("sign", None),
     ],
 )
 def test_compiled_elementwise_ops_equal_their_numpy_kernels(
