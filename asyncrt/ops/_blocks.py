@@ -21,10 +21,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
-from . import _jit, _jitbroadcast
-from ._common import quiet, relu_in_place
+from ._common import relu_in_place
 from ._kernels import Bindable
 
 __all__ = (
@@ -116,62 +113,3 @@ def negative_part(xp: ModuleType, a: Array, out: Array) -> None:
     xp.negative(a, out)
     relu_in_place(xp, out)
     xp.negative(out, out)
-
-
-def around_transcendentals(
-    before: str, functions: tuple[str, ...], after: str, fallback: Bindable
-) -> Bindable:
-    """An activation as three passes where numba is installed: ``out =
-    before(a)`` compiled, numpy's SIMD ``functions`` in place on ``out``
-    (``exp``, ``expm1``, ``log1p``: numba would call libm element by
-    element), then ``out = after(a, out)`` compiled (the selects and
-    arithmetic that numpy needs four or five passes for). ``fallback``
-    (the blocked numpy passes) for arrays that are not float32,
-    C-contiguous and of one shape, and without numba.
-
-    :param before: a compiled expression over ``{0}`` (``a``).
-    :param after: a compiled expression over ``{0}`` (``a``) and ``{1}``
-        (``out``), the helpers of :mod:`asyncrt.ops._jitmath` in scope.
-    """
-
-    def unexpected(*arrays: object) -> None:  # pragma: no cover - checked first
-        raise AssertionError("the compiled pass refused arrays bind accepted")
-
-    first = _jitbroadcast.compiled_float32(before, unexpected)
-    last = _jitbroadcast.compiled_float32(after, unexpected)
-    calls = tuple(getattr(np, name) for name in functions)
-
-    def bind(a: Array, out: Array) -> Callable[[], None]:
-        if not _jit.takes_pair(a, out, "float32", "float32"):
-            return fallback.bind(a, out)
-        # Block by block, through a scratch block: the last pass must not
-        # read what it writes (aliased, LLVM keeps the select a branch:
-        # 3.7 ms instead of 0.13 for 786k elements of random sign).
-        flat, target = a.reshape(-1), out.reshape(-1)
-        scratch = np.empty(min(BLOCK, out.size), np.float32)
-        parts = []
-        for start in range(0, out.size, BLOCK):
-            stop = min(start + BLOCK, out.size)
-            source, values = flat[start:stop], scratch[: stop - start]
-            parts.append(
-                (
-                    first.bind(source, values),
-                    values,
-                    last.bind(source, values, target[start:stop]),
-                )
-            )
-
-        def run() -> None:
-            with quiet(np):  # IEEE results, as numpy's own
-                for prepare, values, finish in parts:
-                    prepare()
-                    for call in calls:
-                        call(values, values)
-                    finish()
-
-        return run
-
-    def call(a: Array, out: Array) -> None:
-        bind(a, out)()
-
-    return Bindable(call, bind)

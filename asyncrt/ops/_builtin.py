@@ -665,14 +665,17 @@ def _softplus_passes(xp: ModuleType, a: Array, out: Array, scratch: Array) -> No
     xp.add(out, scratch, out)
 
 
-@builtin("softplus", flops=_TRANSCENDENTAL, fusion=_numpy_only("softplus"))
+# Compiled, float32 softplus is one loop over _jitmath's exp_ and a log1p
+# series on [0, 1] (within 3 ulps of the exact result, as the numpy passes
+# are, not their bits): 0.9 ns an element against about 2 for a compiled
+# pass, numpy's exp and log1p and another pass (9.5 us at 4096 elements).
+_SOFTPLUS = FusionTemplate("softplus", jit="softplus_({0})", jit_exact_from=None)
+
+
+@builtin("softplus", flops=_TRANSCENDENTAL, fusion=_SOFTPLUS)
 def _softplus(xp: ModuleType) -> Bindable:
     kernel = _blocks.blockwise(xp, functools.partial(_softplus_passes, xp), scratch=1)
-    if xp is not np:
-        return kernel
-    return _blocks.around_transcendentals(
-        "(-abs({0}))", ("exp", "log1p"), "({1} + max_({0}, _ZERO))", kernel
-    )
+    return _jitfuse.compiled_unary(_SOFTPLUS, kernel) if xp is np else kernel
 
 
 @builtin("softsign", fusion=_numpy_only("softsign"))

@@ -66,6 +66,7 @@ REFERENCES: dict[str, tuple[Callable[[Array], Array], int]] = {
     "exp_": (np.exp, 1),
     "sigmoid_": (lambda x: 1 / (1 + np.exp(-x)), 2),
     "expm1_": (np.expm1, 2),
+    "softplus_": (lambda x: np.logaddexp(x, 0), 3),
 }
 
 
