@@ -477,7 +477,10 @@ def _bind_planes(
     shares = _shares(out, w, w.shape[0])
     pad = -np.inf if reduce == "max" else 0  # what a cell outside the input adds
     planes = in_group * stride_h * column_phases
-    phases = np.full((len(shares), planes * phase_size), pad, x.dtype)
+    # The loop also sums the pitch's padding columns of the last row, whose
+    # taps reach up to reach_w cells past the last phase: slack, never read
+    # for an output.
+    phases = np.full((len(shares), planes * phase_size + reach_w), pad, x.dtype)
     lines = np.empty((len(shares), out_h * pitch), x.dtype)
     geometry = (
         stride_h,
