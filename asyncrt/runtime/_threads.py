@@ -79,7 +79,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +86,8 @@ import threadpoolctl
 
 from devices import get_api
 from scheduler.plan import Copy, Launch, Plan
+
+from . import _part_pool
 
 __all__ = (
     "GROW_BACK_SECONDS",
@@ -437,9 +438,6 @@ def _set_numexpr_threads(threads: int) -> int | None:
 #: The process-wide limits.
 limits = ThreadLimits()
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
 
 def shares(extent: int, affordable: int) -> list[tuple[int, int]]:
     """``range(extent)`` cut into contiguous ``(first, last)`` shares, one
@@ -453,29 +451,12 @@ def shares(extent: int, affordable: int) -> list[tuple[int, int]]:
 
 
 def run_parts(parts: Sequence[Callable[[], Any]]) -> None:
-    """Run ``parts`` at once: the first on this thread, the rest on a shared
-    pool (the fused kernels' block workers), and wait for all of them.
+    """Run ``parts`` at once: on this thread and the kernel threads' pool
+    (:mod:`asyncrt.runtime._part_pool`), and wait for all of them.
 
     :raises Exception: the first exception a part raised.
     """
-    if len(parts) == 1:
-        parts[0]()
-        return
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(
-                max_workers=available_cores(), thread_name_prefix="kernel-blocks"
-            )
-        pool = _pool
-    futures: list[Future[Any]] = [pool.submit(part) for part in parts[1:]]
-    try:
-        parts[0]()
-    finally:
-        for future in futures:
-            future.exception()  # wait for every part, even after a failure
-    for future in futures:
-        future.result()
+    _part_pool.run(parts)
 
 
 def threads_for(
