@@ -20,26 +20,19 @@ import itertools
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _timing import seconds  # noqa: E402
 from bench_kernels import profile  # noqa: E402
 from bench_models import build_model  # noqa: E402
 
 
 def _median_ms(fn: Any, runs: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * sorted(times)[runs // 2]
+    return 1e3 * seconds(fn, runs)[runs // 2]
 
 
 def _ort_by_op(model: Any, feed: dict[str, Any], runs: int) -> tuple[float, Any]:

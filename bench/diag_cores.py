@@ -10,7 +10,6 @@ softmax and GELU kernels' times alone, right after a GEMM, and unsplit.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,13 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import numpy as np  # noqa: E402
+from _timing import seconds  # noqa: E402
+from bench_models import build_model  # noqa: E402
 
 from asyncrt import graph_executor  # noqa: E402
 from asyncrt.frontend import from_onnx  # noqa: E402
 from asyncrt.ops import _jit  # noqa: E402
 from asyncrt.runtime import _threads  # noqa: E402
-from bench_models import build_model  # noqa: E402
 
 splits: list[tuple[str, int]] = []
 _bind_parts = _jit.bind_parts
@@ -36,13 +36,7 @@ def _spy(kernel: Any, arrays: Any, shares: Any, *args: Any, **kwargs: Any) -> An
 
 
 def _best_us(fn: Any, runs: int = 20) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e6 * min(times)
+    return 1e6 * seconds(fn, runs, warmup=1)[0]
 
 
 def main() -> None:
@@ -52,8 +46,10 @@ def main() -> None:
     ex = graph_executor.create(graph, None, "cpu", params=params)
     ex.run_sync(**feed)
     limits = _threads.limits
-    print(f"cores {_threads.available_cores()} threads {limits.threads} "
-          f"compiled_threads {limits.compiled_threads}")
+    print(
+        f"cores {_threads.available_cores()} threads {limits.threads} "
+        f"compiled_threads {limits.compiled_threads}"
+    )
     print("bound splits:", splits)
     from asyncrt.ops import _builtin
 
@@ -68,13 +64,15 @@ def main() -> None:
         softmax = _builtin.bind_softmax_last_axis(x, out)
         alone = _best_us(softmax)
 
-        def after_gemm() -> None:
+        def after_gemm(softmax: Any = softmax) -> None:
             np.matmul(a, w, out=y)
             softmax()
 
         gemm = _best_us(lambda: np.matmul(a, w, out=y))
-        print(f"softmax 16x8x128x128 split {parts}: alone {alone:.0f} us, "
-              f"after a GEMM {_best_us(after_gemm) - gemm:.0f} us (GEMM {gemm:.0f})")
+        print(
+            f"softmax 16x8x128x128 split {parts}: alone {alone:.0f} us, "
+            f"after a GEMM {_best_us(after_gemm) - gemm:.0f} us (GEMM {gemm:.0f})"
+        )
     ex.close()
 
 

@@ -6,27 +6,24 @@ numba's native parallel loop (device run; no BLAS beside either).
 
 from __future__ import annotations
 
+import functools
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import seconds  # noqa: E402
 
 from asyncrt.runtime import _threads  # noqa: E402
 
 
 def _best_us(fn: Any, runs: int = 200) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e6 * min(times)
+    return 1e6 * seconds(fn, runs, warmup=1)[0]
 
 
 @numba.njit(parallel=True, nogil=True)
@@ -53,13 +50,16 @@ def main() -> None:
         numba.set_num_threads(parts)
         share = small.size // parts
         calls = [
-            (lambda f=i * share: _touch_range(small, f, f + share)) for i in range(parts)
+            functools.partial(_touch_range, small, i * share, (i + 1) * share)
+            for i in range(parts)
         ]
         _touch_range(small, 0, 1)
-        python_pool = _best_us(lambda: _threads.run_parts(calls))
+        python_pool = _best_us(functools.partial(_threads.run_parts, calls))
         native = _best_us(lambda: _touch(small))
-        print(f"{parts} parts of nothing: python pool {python_pool:.1f} us, "
-              f"numba parallel {native:.1f} us")
+        print(
+            f"{parts} parts of nothing: python pool {python_pool:.1f} us, "
+            f"numba parallel {native:.1f} us"
+        )
 
 
 if __name__ == "__main__":
