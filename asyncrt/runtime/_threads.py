@@ -322,14 +322,21 @@ class ThreadLimits:
         return wanted
 
     def _apply(self, *, numexpr: bool) -> None:
+        # Runs call this as they start and end (numexpr=False): the clock
+        # is read only where the runs share the pools or they may grow back,
+        # and nothing else is done where the size stays (a tiny model's run
+        # takes tens of microseconds).
         wanted = self.wanted()
         if wanted is not None and self._applied is not None:
-            now = self._clock()
-            sharing = wanted < self._fewest
-            if wanted > self._applied and now - self._shared_at < GROW_BACK_SECONDS:
-                wanted = self._applied  # runs overlapped just now: stay shared
-            if sharing:
-                self._shared_at = now
+            sharing, growing = wanted < self._fewest, wanted > self._applied
+            if sharing or growing:
+                now = self._clock()
+                if growing and now - self._shared_at < GROW_BACK_SECONDS:
+                    wanted = self._applied  # runs overlapped just now: stay shared
+                if sharing:
+                    self._shared_at = now
+        if wanted == self._applied and not numexpr:
+            return
         if wanted != self._applied:
             if wanted is None:
                 self._pools.restore()
