@@ -469,14 +469,18 @@ class ExecutorCore(Guards):
         :raises BusyError: while another stateful run is in flight.
         """
         self.check_open()
-        feed = self._feed_of(self.own_context()) if inputs else None
-        if feed is not None and (self._stateful_busy or not feed.fill(inputs)):
-            self.set_inputs(inputs)  # the general path, and its errors
-        self.check_not_busy()
-        context = self.own_context()  # rebuilt if a parameter was set
-        if feed is not None:
-            feed = self._feed_of(context)
-        self._check_all_set(context)
+        context = self.own_context()
+        feed = self._feed_of(context) if inputs else None
+        # Filled, every input the context owns is set: no check, no rebuild.
+        filled = feed is not None and not self._stateful_busy and feed.fill(inputs)
+        if not filled:
+            if feed is not None:
+                self.set_inputs(inputs)  # the general path, and its errors
+            self.check_not_busy()
+            context = self.own_context()  # rebuilt if a parameter was set
+            if feed is not None:
+                feed = self._feed_of(context)
+            self._check_all_set(context)
         self._stateful_busy = True
         try:
             with _threads.running(self._resources.lease):
