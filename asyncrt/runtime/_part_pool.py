@@ -49,13 +49,14 @@ class _Job:
                 self._next += 1
             if index >= count:
                 return
+            error = None
             try:
                 parts[index]()
-            except BaseException as error:  # the caller raises it
-                with lock:
-                    if self._error is None:
-                        self._error = error
+            except BaseException as raised:  # the caller raises it
+                error = raised
             with lock:
+                if self._error is None:
+                    self._error = error
                 self._finished += 1
                 last = self._finished == count
             if last:
