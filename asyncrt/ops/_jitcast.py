@@ -50,14 +50,12 @@ def bind_float32_to_half(a: Array, out: Array) -> Callable[[], None] | None:
     without numba."""
     if not _jit.takes_pair(a, out, "float32", "float16"):
         return None
-    words = a.reshape(-1).view(np.uint32)
-    halves = out.reshape(-1).view(np.uint16)
-    hardware = _hardware_kernel()
-    if hardware is not None:
-        arrays = (a.reshape(-1), halves)
-        return _jit.bind_rows(hardware, arrays, a.size, 1, MIN_ELEMENTS_PER_THREAD)
-    kernel = _jit.compile_kernel(_half_bits)
-    return _jit.bind_rows(kernel, (words, halves), a.size, 1, MIN_ELEMENTS_PER_THREAD)
+    kernel = _hardware_kernel()
+    source = a.reshape(-1)  # the floats for the CPU's conversion, else their bits
+    if kernel is None:
+        kernel, source = _jit.compile_kernel(_half_bits), source.view(np.uint32)
+    arrays = (source, out.reshape(-1).view(np.uint16))
+    return _jit.bind_rows(kernel, arrays, a.size, 1, MIN_ELEMENTS_PER_THREAD)
 
 
 _HARDWARE_SOURCE = """
