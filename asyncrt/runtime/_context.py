@@ -34,6 +34,7 @@ The pool is driven from one event loop (it is not thread-safe).
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Generic, Protocol, TypeVar
 
@@ -268,15 +269,27 @@ class ContextPool(Generic[C]):
         """Make a context off the event loop (allocation, streams, kernel
         binding and, for remote devices, round trips take milliseconds or
         more), in the place :meth:`_take` reserved. A caller cancelled
-        meanwhile leaves the finished context idle for the next caller."""
+        meanwhile leaves the finished context idle for the next caller; one
+        that left before the thread finished (asyncio's own cancellation does
+        not wait for it) gives up the place, and the thread closes what it
+        made."""
         made: list[C] = []
+        handover = threading.Lock()
+        left: list[bool] = []
 
         def make() -> None:
-            made.append(self._make())
+            context = self._make()
+            with handover:
+                if not left:
+                    made.append(context)
+                    return
+            context.close()  # nobody will take it: free its streams and memory
 
         try:
             await anyio.to_thread.run_sync(make)
         except BaseException:
+            with handover:
+                left.append(True)
             if made:  # cancelled once it was made: keep it for others
                 self._bytes += made[0].nbytes - reserved
                 self._lent.add(made[0])

@@ -230,12 +230,16 @@ async def test_asyncio_wait_for_timeout() -> None:
     lib = asyncrt.Module({"tanh": slow_tanh})
     async with graph_executor.create(mlp_graph(), lib, max_contexts=1) as ex:
         ex.load_params(PARAMS)
+        # The timeout must find the run inside its kernel, however loaded
+        # the machine: it starts once the kernel has.
+        running = asyncio.ensure_future(ex.run(x=np.ones(N, np.float32)))
+        await until(started)
         timer = threading.Timer(0.05, release.set)
         timer.start()
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(ex.run(x=np.ones(N, np.float32)), timeout=0.01)
+            await asyncio.wait_for(running, timeout=0.01)
         timer.join()
-        assert started.is_set()
+        assert running.cancelled()
         assert_all_back(ex, 1)
         await assert_next_run_correct(ex)
 

@@ -64,3 +64,39 @@ async def test_an_adopted_context_goes_to_the_longest_waiter() -> None:
 
 async def _borrow_into(pool: ContextPool[Context], got: list[Context]) -> None:
     got.append(await pool.acquire())
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_context_finished_after_its_caller_left_is_closed() -> None:
+    """asyncio's own cancellation (``wait_for``'s timeout, ``task.cancel()``)
+    does not wait for the worker thread making a context: the context it
+    finishes later must be closed, not leaked with its streams and memory."""
+    import asyncio
+    import threading
+
+    proceed, entered = threading.Event(), threading.Event()
+    made: list[Context] = []
+
+    def make() -> Context:
+        entered.set()
+        proceed.wait(5)
+        made.append(Context())
+        return made[-1]
+
+    pool: ContextPool[Context] = ContextPool(make, 1)
+    task = asyncio.ensure_future(pool.acquire())
+    while not entered.is_set():
+        await anyio.sleep(0.001)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (pool.size, pool.nbytes, pool.lent) == (0, 0, frozenset())
+    proceed.set()
+    with anyio.fail_after(5):
+        while not made or not made[0].closed:
+            await anyio.sleep(0.001)
+    assert (pool.size, pool.idle, pool.nbytes) == (0, 0, 0)
+    with anyio.fail_after(5):
+        second = await pool.acquire()  # the pool is still usable
+    assert second is not made[0] and not second.closed
