@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime import _threads
-from . import _jit, _jitmath
+from . import _dwvector, _jit, _jitmath
 from ._common import Array
 from ._conv_epilogue import EXPRESSIONS, bind_bias_activation, compiles
 
@@ -93,6 +93,16 @@ MIN_WORK_PER_THREAD = 2_000_000
 #: of 14 x 14, 5 x 5, 50.6 against 54.1; but at width 7, 64 channels 8.6
 #: against 6.6 and 576 channels 68.5 against 43.3.
 PLANAR_MIN_WIDTH = 8
+
+#: Kernels of at least this many taps (5 x 5) go channels-last in vectors
+#: (:mod:`asyncrt.ops._dwvector`) up to outputs this wide, past
+#: :data:`PLANAR_MIN_WIDTH`: their taps' loads outweigh the layout copies.
+#: One thread, 5 x 5 against the planes: 240 channels of 14 x 14 58 against
+#: 130 us, 64 of 14 x 14 23 against 31, 144 of 28 x 28 at stride 2 76
+#: against 87; but 3 x 3 loses at width 14 (64 channels 18 against 12)
+#: and 5 x 5 at 16 (256 channels 183 against 110).
+VECTOR_MIN_TAPS = 20
+VECTOR_MAX_WIDTH = 14
 
 #: Taps summed per statement of the planar kernel: one pass over the
 #: outputs for a 3 x 3 or 5 x 5 kernel; more taps take more passes.
@@ -386,9 +396,24 @@ def bind_depthwise(
         binding lives (parameters): the channels-last copy of the weights
         is made once, not per call.
     """
-    if out.shape[3] >= PLANAR_MIN_WIDTH:
+    vectors = _dwvector.takes(x, w)
+    if out.shape[3] >= PLANAR_MIN_WIDTH and not (vectors and _wide_taps(w, out)):
         geometry = (*strides, *begin, *dilations)
         return _bind_planes(x, w, bias, out, geometry, activation)
+    if vectors:
+        shares = _shares(out, w, out.shape[2])
+        return _dwvector.bind(
+            x,
+            w,
+            bias,
+            out,
+            strides,
+            begin,
+            dilations,
+            shares,
+            activation=activation,
+            constant_weights=constant_weights,
+        )
     kernel = _jit.compile_kernel(_depthwise_pixels)
     n, channels = x.shape[:2]
     out_h, out_w = out.shape[2:]
@@ -544,6 +569,14 @@ def bind_pool(
     w = np.ones((x.shape[1], 1, *kernel), x.dtype)
     geometry = (*strides, *begin, *dilations)
     return _bind_planes(x, w, None, out, geometry, "none", reduce)
+
+
+def _wide_taps(w: Array, out: Array) -> bool:
+    """Whether a kernel of many taps has outputs narrow enough for the
+    vectors, though wide enough for the planes (see
+    :data:`VECTOR_MIN_TAPS`)."""
+    taps = w.shape[2] * w.shape[3]
+    return bool(taps >= VECTOR_MIN_TAPS and out.shape[3] <= VECTOR_MAX_WIDTH)
 
 
 def _shares(out: Array, w: Array, extent: int) -> list[tuple[int, int]]:

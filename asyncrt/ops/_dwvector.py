@@ -1,0 +1,474 @@
+"""Depthwise convolution channels-last, in explicit vectors of channels.
+
+The planar loop (:mod:`asyncrt.ops._depthwise`) vectorises along an
+output row, which is too short on a late layer's 14 x 14 or 7 x 7 planes;
+numba's channels-last loop vectorises along the channels but keeps every
+sum in memory, because LLVM cannot prove that the output does not overlap
+the weights (numba marks no array ``noalias``), and reloads the weights
+for every pixel: 17-28 GFLOP/s on the 2-core VM. Here a numba intrinsic
+writes the loop nest in LLVM vectors itself: for each block of
+:func:`lanes` channels, every tap's weights are loaded once into vector
+registers, and each output pixel's block is the bias plus the taps'
+products summed in a register, one load per tap: 55-76 GFLOP/s on the same
+shapes (mnv3's 5 x 5 layers).
+
+Layout: the input is copied channels-last into a zero-padded buffer whose
+channels are rounded up to whole blocks, so every tap of every pixel is one
+unaligned vector load and no pixel needs a bounds check; the result is
+channels-last too, and copied back to NCHW. Both copies move tiles of
+:data:`COPY_TILE` channels by as many cells, transposed in registers (two
+more intrinsics): numpy's transposing copies cost as much as the sums,
+and up to 5x more where the planes are a few KiB apart. The buffers are
+the calling thread's scratch (:mod:`asyncrt.ops._scratch`), hot from the
+kernels before: buffers of its own, cold again on every run, made the sums
+twice as slow inside a model as alone. So the copy zeroes the pads again
+on every call. The activation (ReLU, hard-swish) is applied to each sum in
+its register, as :data:`asyncrt.ops._conv_epilogue.EXPRESSIONS` has it.
+MobileNetV3 (one thread) ran 6% faster with this path than with the
+planar loop and numba's channels-last loop.
+
+Results: the bias first, then the taps in row-major order, each product
+rounded before it is added (no fused multiply-add), as the other
+depthwise loops sum; pads add zero products, as im2col's do. float32
+only; float64 keeps numba's loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import _jit, _scratch
+from ._common import Array
+from ._conv_epilogue import ACTIVATIONS
+
+__all__ = ("bind", "lanes", "takes")
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+_PREAMBLE = """
+import numba
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+def _is_float_array(a, ndim):
+    return (
+        isinstance(a, types.Array) and a.dtype == types.float32
+        and a.ndim == ndim and a.layout == "C"
+    )
+
+
+class _Emit:
+    # LLVM IR for one intrinsic: integer arithmetic on intp, and vectors of
+    # LANES float32 read and written at flat element indices of arrays
+    def __init__(self, context, builder, lanes):
+        self.b = builder
+        self.intp = context.get_value_type(types.intp)
+        self.vector = ir.VectorType(ir.FloatType(), lanes)
+
+    def const(self, value):
+        return ir.Constant(self.intp, value)
+
+    def index(self, *terms):
+        # terms: a sum of values and (value, factor, ...) products
+        total = None
+        for term in terms:
+            if isinstance(term, tuple):
+                product = term[0]
+                for factor in term[1:]:
+                    product = self.b.mul(product, factor)
+                term = product
+            total = term if total is None else self.b.add(total, term)
+        return total
+
+    def address(self, array, index):
+        element = self.b.gep(array.data, [index])
+        return self.b.bitcast(element, self.vector.as_pointer())
+
+    def load(self, array, index):
+        return self.b.load(self.address(array, index), align=4)
+
+    def store(self, value, array, index):
+        self.b.store(value, self.address(array, index), align=4)
+"""
+
+_SOURCE = (
+    _PREAMBLE
+    + """
+KH, KW, SH, SW, DH, DW, LANES = {geometry}
+ACTIVATION = "{activation}"
+SIXTH = {sixth}
+
+
+@intrinsic
+def block_rows_(typingctx, xp, w, bias, out, c0, first, last):
+    # The block of LANES channels from c0 of output rows first:last: its
+    # taps' weights loaded once into vectors, then per pixel the bias plus
+    # each tap's product, summed in a register (see the module docstring).
+    arrays = ((xp, 3), (w, 2), (bias, 1), (out, 3))
+    if not all(_is_float_array(a, ndim) for a, ndim in arrays):
+        return None
+
+    def codegen(context, builder, signature, args):
+        e = _Emit(context, builder, LANES)
+        x, taps, shift, result = (
+            context.make_array(t)(context, builder, a)
+            for t, a in zip(signature.args[:4], args[:4])
+        )
+        c0, first, last = args[4:]
+
+        def splat(value):
+            return ir.Constant(e.vector, [ir.Constant(ir.FloatType(), value)] * LANES)
+
+        def clamp_below(v, bound):  # bound if v < bound, else v (NaN stays)
+            return builder.select(builder.fcmp_ordered("<", v, bound), bound, v)
+
+        def activate(v):
+            # the library's expressions (_conv_epilogue.EXPRESSIONS), lane-wise
+            if ACTIVATION == "relu":
+                return clamp_below(v, splat(0.0))
+            if ACTIVATION == "hard_swish":
+                t = builder.fadd(builder.fmul(v, splat(SIXTH)), splat(0.5))
+                t = clamp_below(t, splat(0.0))
+                one = splat(1.0)
+                t = builder.select(builder.fcmp_ordered(">", t, one), one, t)
+                return builder.fmul(v, t)
+            return v
+
+        _, width, channels = cgutils.unpack_tuple(builder, x.shape, 3)
+        _, out_w, out_channels = cgutils.unpack_tuple(builder, result.shape, 3)
+        blocks = cgutils.unpack_tuple(builder, taps.shape, 2)[1]
+        weights = [
+            e.load(taps, e.index((e.const(t), blocks), c0)) for t in range(KH * KW)
+        ]
+        start = e.load(shift, c0)
+        offsets = [
+            e.index((e.const(a * DH), width, channels), (e.const(b * DW), channels))
+            for a in range(KH)
+            for b in range(KW)
+        ]
+        rows = builder.sub(last, first)
+        with cgutils.for_range(builder, rows, intp=e.intp) as row:
+            i = builder.add(row.index, first)
+            with cgutils.for_range(builder, out_w, intp=e.intp) as column:
+                j = column.index
+                top, left = (i, e.const(SH)), (j, e.const(SW))
+                corner = e.index((e.index((*top, width), left), channels), c0)
+                total = start
+                for weight, offset in zip(weights, offsets):
+                    tap = e.load(x, builder.add(corner, offset))
+                    total = builder.fadd(total, builder.fmul(weight, tap))
+                cell = e.index((i, out_w), j)
+                e.store(activate(total), result, e.index((cell, out_channels), c0))
+        return context.get_dummy_value()
+
+    intp = types.intp
+    return types.none(xp, w, bias, out, intp, intp, intp), codegen
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+def kernel(xp, w, bias, out, first, last):
+    # xp (N, Hp, Wp, Cs) zero-padded, w (KH * KW, Cb), bias (Cb,),
+    # out (N, OH, OW, Cs): Cb channels in whole blocks of LANES, Cs >= Cb
+    for n in range(xp.shape[0]):
+        image, result = xp[n], out[n]
+        for c0 in range(0, w.shape[1], LANES):
+            block_rows_(image, w, bias, result, c0, first, last)
+"""
+)
+
+
+def _pixel_stride(blocks: int) -> int:
+    """Channels a pixel spans in the buffers: ``blocks`` (whole vectors),
+    plus a line where that is an even number of 64-byte lines: a stride
+    of a power of two times 128 bytes puts a kernel's taps, 1 KiB or
+    4 KiB apart, in the same few L1 cache sets (1024 channels of 7 x 7:
+    184 us, against about 50)."""
+    lines = blocks * 4 // 64
+    return blocks + 16 if lines % 2 == 0 else blocks
+
+
+_LAYOUT_SOURCE = (
+    _PREAMBLE
+    + """
+LANES = {lanes}
+
+
+def _transpose(builder, rows):
+    # rows[r][c] -> rows[c][r] for a LANES x LANES tile of vectors: stage b
+    # swaps bit b of the row index with bit b of the column index, two
+    # two-source shuffles per pair of rows
+    masks = ir.VectorType(ir.IntType(32), LANES)
+    rows = list(rows)
+    b = 1
+    while b < LANES:
+        low = [c if not c & b else LANES + c - b for c in range(LANES)]
+        high = [c + b if not c & b else LANES + c for c in range(LANES)]
+        for r in range(LANES):
+            if r & b:
+                continue
+            one, other = rows[r], rows[r | b]
+            rows[r] = builder.shuffle_vector(one, other, ir.Constant(masks, low))
+            rows[r | b] = builder.shuffle_vector(one, other, ir.Constant(masks, high))
+        b <<= 1
+    return rows
+
+
+@intrinsic
+def tile_in_(typingctx, x, pixels, n, c0, p0, top, left):
+    # x[n, c0:c0 + LANES] at plane cells p0:p0 + LANES -> their pixels of
+    # ``pixels`` (channels-last, the interior at top, left); channels past
+    # the last repeat it (into pad channels, whose sums are dropped)
+    if not (_is_float_array(x, 4) and _is_float_array(pixels, 4)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        e = _Emit(context, builder, LANES)
+        source, target = (
+            context.make_array(t)(context, builder, a)
+            for t, a in zip(signature.args[:2], args[:2])
+        )
+        n, c0, p0, top, left = args[2:]
+        _, channels, height, width = cgutils.unpack_tuple(builder, source.shape, 4)
+        _, rows, columns, stride = cgutils.unpack_tuple(builder, target.shape, 4)
+        plane = builder.mul(height, width)
+        last = builder.sub(channels, e.const(1))
+        loaded = []
+        for k in range(LANES):
+            c = builder.add(c0, e.const(k))
+            c = builder.select(builder.icmp_signed("<", c, channels), c, last)
+            plane_start = e.index((e.index((n, channels), c), plane), p0)
+            loaded.append(e.load(source, plane_start))
+        h = builder.sdiv(p0, width)
+        w = builder.sub(p0, builder.mul(h, width))
+        for pixel in _transpose(builder, loaded):
+            row = e.index((n, rows), top, h)
+            cell = e.index((row, columns), left, w)
+            e.store(pixel, target, e.index((cell, stride), c0))
+            w = builder.add(w, e.const(1))
+            wrap = builder.icmp_signed("==", w, width)
+            w = builder.select(wrap, e.const(0), w)
+            h = builder.select(wrap, builder.add(h, e.const(1)), h)
+        return context.get_dummy_value()
+
+    intp = types.intp
+    return types.none(x, pixels, intp, intp, intp, intp, intp), codegen
+
+
+@intrinsic
+def tile_out_(typingctx, result, out, n, c0, q0):
+    # result's pixels q0:q0 + LANES, channels c0:c0 + LANES -> those cells
+    # of out's planes (NCHW), for the channels out has
+    if not (_is_float_array(result, 4) and _is_float_array(out, 4)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        e = _Emit(context, builder, LANES)
+        source, target = (
+            context.make_array(t)(context, builder, a)
+            for t, a in zip(signature.args[:2], args[:2])
+        )
+        n, c0, q0 = args[2:]
+        _, height, width, stride = cgutils.unpack_tuple(builder, source.shape, 4)
+        channels = cgutils.unpack_tuple(builder, target.shape, 4)[1]
+        plane = builder.mul(height, width)
+        first = e.index((n, plane), q0)
+        loaded = [
+            e.load(source, e.index((e.index(first, e.const(j)), stride), c0))
+            for j in range(LANES)
+        ]
+        for k, row in enumerate(_transpose(builder, loaded)):
+            c = builder.add(c0, e.const(k))
+            with builder.if_then(builder.icmp_signed("<", c, channels), likely=True):
+                e.store(row, target, e.index((e.index((n, channels), c), plane), q0))
+        return context.get_dummy_value()
+
+    return types.none(result, out, types.intp, types.intp, types.intp), codegen
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+def to_pixels(x, pixels, top, left, blocks):
+    # pixels[:, top:top + H, left:left + W, :blocks] = x channels-last, the
+    # channels past C repeating the last; the pads around zero (the buffer
+    # is scratch other kernels wrote over)
+    batch, channels, height, width = x.shape
+    rows, columns = pixels.shape[1], pixels.shape[2]
+    cells = height * width
+    whole = cells - cells % LANES
+    last = channels - 1
+    for n in range(batch):
+        for r in range(rows):
+            inside = top <= r < top + height
+            for q in range(columns):
+                if inside and left <= q < left + width:
+                    continue
+                for c in range(blocks):
+                    pixels[n, r, q, c] = 0.0
+        for c0 in range(0, blocks, LANES):
+            for p0 in range(0, whole, LANES):
+                tile_in_(x, pixels, n, c0, p0, top, left)
+            for c in range(c0, min(c0 + LANES, blocks)):
+                for p in range(whole, cells):
+                    h = p // width
+                    w = p - h * width
+                    pixels[n, top + h, left + w, c] = x[n, min(c, last), h, w]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+def from_pixels(result, out):
+    # out (N, C, OH, OW) = result[..., :C] back to NCHW
+    batch, channels, height, width = out.shape
+    cells = height * width
+    whole = cells - cells % LANES
+    for n in range(batch):
+        for c0 in range(0, channels, LANES):
+            for q0 in range(0, whole, LANES):
+                tile_out_(result, out, n, c0, q0)
+            for c in range(c0, min(c0 + LANES, channels)):
+                for q in range(whole, cells):
+                    i = q // width
+                    out[n, c, i, q - i * width] = result[n, i, q - i * width, c]
+"""
+)
+
+
+#: Channels and cells the layout copies move as one tile, transposed in
+#: registers: 8 x 8 beat 16 x 16 (three shuffle stages, not four) on the
+#: 2-core AVX-512 VM, and both beat numpy's transposing copies (240
+#: channels of 14 x 14: 11 and 8 us in and out, against 14 and 15; 96 of
+#: 28 x 28, planes 3 KiB apart: 14 and 10 against 24 and 47).
+COPY_TILE = 8
+
+
+@functools.cache
+def _layout_copies(vector: int) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The compiled copies to and from the channels-last buffers, in tiles
+    of ``vector`` x ``vector`` transposed in registers."""
+    text = _LAYOUT_SOURCE.replace("{lanes}", str(vector))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+    module = "asyncrt_dwlayout_" + digest
+    return (
+        _jit.compile_source(module, text, "to_pixels"),
+        _jit.compile_source(module, text, "from_pixels"),
+    )
+
+
+@functools.cache
+def lanes() -> int:
+    """Channels a vector holds: 16 where the CPU has AVX-512 (32 vector
+    registers: a 5 x 5 kernel's 25 weight vectors stay in registers), 8
+    otherwise (LLVM splits wider vectors for any CPU, so the choice is
+    speed, never correctness)."""
+    if os.environ.get("NUMBA_CPU_NAME"):
+        return 8  # compiled for another CPU
+    try:
+        binding = importlib.import_module("llvmlite.binding")  # numba's
+        return 16 if binding.get_host_cpu_features().get("avx512f", False) else 8
+    except Exception:  # pragma: no cover - llvmlite comes with numba
+        return 8
+
+
+@functools.cache
+def _kernel(geometry: tuple[int, ...], activation: str) -> Callable[..., None]:
+    """The loop for ``(KH, KW, SH, SW, DH, DW, LANES)`` and ``activation``,
+    compiled (or loaded from numba's disk cache)."""
+    text = (
+        _SOURCE.replace("{geometry}", ", ".join(map(str, geometry)))
+        .replace("{activation}", activation)
+        .replace("{sixth}", repr(float(np.float32(1 / 6))))
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+    return _jit.compile_source("asyncrt_dwvector_" + digest, text, "kernel")
+
+
+def takes(x: Array, w: Array) -> bool:
+    """Whether :func:`bind` computes a depthwise convolution of these
+    arrays (float32; :func:`asyncrt.ops._depthwise.takes` checked the
+    rest)."""
+    return bool(x.dtype == np.float32 and w.dtype == np.float32 and _jit.available())
+
+
+def bind(
+    x: Array,
+    w: Array,
+    bias: Array | None,
+    out: Array,
+    strides: tuple[int, ...],
+    begin: tuple[int, ...],
+    dilations: tuple[int, ...],
+    shares: list[tuple[int, int]],
+    *,
+    activation: str = "none",
+    constant_weights: bool = False,
+) -> Callable[[], None]:
+    """The depthwise convolution ``out (N, C, OH, OW)`` of ``x (N, C, H, W)``
+    and ``w (C, 1, KH, KW)`` (all C-contiguous float32) as a call without
+    arguments, its loops compiled now.
+
+    :param begin: the pads before each spatial axis.
+    :param shares: the output rows each kernel thread computes.
+    :param constant_weights: ``w``'s values stay as they are while the
+        binding lives: its channels-last copy is made once.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}")
+    n, channels, height, width = x.shape
+    k_h, k_w = w.shape[2:]
+    out_h, out_w = out.shape[2:]
+    vector = lanes()
+    blocks = -(-channels // vector) * vector
+    padded = _pixel_stride(blocks)
+    # Rows and columns as far as the last output's last tap reaches (or the
+    # input's end, past it), the pads zero.
+    rows = max(
+        begin[0] + height, (out_h - 1) * strides[0] + (k_h - 1) * dilations[0] + 1
+    )
+    columns = max(
+        begin[1] + width, (out_w - 1) * strides[1] + (k_w - 1) * dilations[1] + 1
+    )
+    taps = np.zeros((k_h * k_w, blocks), np.float32)
+    weights = w.reshape(channels, k_h * k_w).T
+    shift = np.zeros(blocks, np.float32)
+    own_weights, own_bias = taps[:, :channels], shift[:channels]
+    kernel = _kernel((k_h, k_w, *strides, *dilations, vector), activation)
+    shapes = ((n, rows, columns, padded), (n, out_h, out_w, padded))
+    # Compiled now for arrays of the types a call borrows (their sizes do
+    # not matter to the compiler).
+    grid = np.empty((1, 1, 1, 1), np.float32)
+    _jit.specialise(kernel, (grid, taps, shift, grid, 0, 1))
+    top, left = begin
+    to_pixels, from_pixels = _layout_copies(COPY_TILE)
+    _jit.specialise(to_pixels, (x, grid, top, left, blocks))
+    _jit.specialise(from_pixels, (grid, out))
+    copyto = np.copyto
+    views: list[Any] = [None, None]  # the scratch's address, and views of it
+    if constant_weights:
+        copyto(own_weights, weights)
+
+    def depthwise() -> None:
+        if not constant_weights:
+            copyto(own_weights, weights)  # an input's values change per run
+        if bias is not None:
+            copyto(own_bias, bias)
+        pixels, result = _scratch.borrow(shapes, _FLOAT32)
+        if views[0] != pixels.ctypes.data:  # made again only if it moved
+            views[:] = [
+                pixels.ctypes.data,
+                _jit.bind_parts(kernel, (pixels, taps, shift, result), shares),
+            ]
+        to_pixels(x, pixels, top, left, blocks)
+        compute = views[1]
+        compute()
+        from_pixels(result, out)
+
+    return depthwise

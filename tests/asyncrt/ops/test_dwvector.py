@@ -1,0 +1,171 @@
+"""The depthwise convolution in explicit vectors (``_dwvector``): its
+layout copies (tiles transposed in registers, the pads zeroed, the channel
+tail), its sums against the float64 reference at both vector widths and
+every activation, and its scratch buffers shared with other kernels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncrt.ops import _dwvector, _scratch
+from asyncrt.ops._conv_epilogue import ACTIVATIONS
+
+from .conv_reference import conv_reference
+
+pytest.importorskip("numba")
+
+
+@pytest.mark.parametrize("tile", [8, 16])
+@pytest.mark.parametrize(
+    ("shape", "top", "left", "blocks", "stride"),
+    [
+        ((1, 24, 14, 14), 2, 2, 32, 48),  # cells past the last whole tile
+        ((2, 17, 7, 7), 1, 2, 32, 32),  # a batch, a channel tail
+        ((1, 16, 4, 4), 0, 0, 16, 16),  # no pads, whole tiles
+        ((1, 3, 3, 5), 2, 0, 16, 16),  # fewer cells than a tile
+    ],
+)
+def test_the_layout_copies_are_exact_and_zero_the_pads(
+    tile: int,
+    shape: tuple[int, ...],
+    top: int,
+    left: int,
+    blocks: int,
+    stride: int,
+) -> None:
+    to_pixels, from_pixels = _dwvector._layout_copies(tile)
+    n, c, h, w = shape
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    pixels = np.full((n, top + h + 2, left + w + 1, stride), np.nan, np.float32)
+    to_pixels(x, pixels, top, left, blocks)
+    interior = pixels[:, top : top + h, left : left + w]
+    np.testing.assert_array_equal(interior[..., :c], x.transpose(0, 2, 3, 1))
+    # the channels up to the blocks repeat the last (finite, their sums dropped)
+    tail = np.broadcast_to(
+        x[:, -1:].transpose(0, 2, 3, 1), interior[..., c:blocks].shape
+    )
+    np.testing.assert_array_equal(interior[..., c:blocks], tail)
+    border = np.ones(pixels.shape[:3], bool)
+    border[:, top : top + h, left : left + w] = False
+    assert np.all(pixels[border][:, :blocks] == 0)
+    assert np.isnan(pixels[..., blocks:]).all()  # past the blocks: not touched
+    result = np.random.default_rng(1).standard_normal((n, h, w, stride))
+    result = result.astype(np.float32)
+    out = np.full(shape, np.nan, np.float32)
+    from_pixels(result, out)
+    np.testing.assert_array_equal(out, result[..., :c].transpose(0, 3, 1, 2))
+
+
+def _reference(
+    x: np.ndarray[Any, Any],
+    w: np.ndarray[Any, Any],
+    b: np.ndarray[Any, Any] | None,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    activation: str,
+) -> np.ndarray[Any, Any]:
+    want = conv_reference(x, w, b, x.shape[1], strides, pads, dilations)
+    if activation == "relu":
+        return np.maximum(want, 0)
+    if activation == "hard_swish":
+        return want * np.clip(want / 6 + 0.5, 0, 1)
+    return want
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize(
+    ("shape", "kernel", "strides", "pads", "dilations"),
+    [
+        ((1, 40, 7, 7), (5, 5), [1, 1], [2, 2, 2, 2], [1, 1]),
+        ((2, 20, 11, 9), (3, 3), [2, 1], [1, 0, 2, 1], [1, 1]),
+        ((1, 33, 10, 10), (3, 5), [1, 2], [2, 2, 2, 2], [2, 1]),
+        ((1, 16, 3, 3), (5, 5), [1, 1], [3, 3, 3, 3], [1, 1]),  # pads > x
+    ],
+)
+def test_the_vector_sums_match_the_reference_at_both_widths(
+    monkeypatch: pytest.MonkeyPatch,
+    lanes: int,
+    activation: str,
+    shape: tuple[int, ...],
+    kernel: tuple[int, int],
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+) -> None:
+    monkeypatch.setattr(_dwvector, "lanes", lambda: lanes)
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    w = rng.standard_normal((shape[1], 1, *kernel)).astype(np.float32)
+    b = rng.standard_normal(shape[1]).astype(np.float32)
+    want = _reference(x, w, b, strides, pads, dilations, activation)
+    out = np.full(want.shape, np.nan, np.float32)
+    call = _dwvector.bind(
+        x,
+        w,
+        b,
+        out,
+        tuple(strides),
+        tuple(pads[:2]),
+        tuple(dilations),
+        [(0, out.shape[2])],
+        activation=activation,
+    )
+    call()
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    w[...] *= -1  # weights that are inputs are read anew on every call
+    call()
+    want = _reference(x, w, b, strides, pads, dilations, activation)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_after_other_kernels_wrote_the_scratch_is_still_right() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 24, 7, 7)).astype(np.float32)
+    w = rng.standard_normal((24, 1, 5, 5)).astype(np.float32)
+    want = _reference(x, w, None, [1, 1], [2, 2, 2, 2], [1, 1], "none")
+    out = np.empty(want.shape, np.float32)
+    call = _dwvector.bind(
+        x, w, None, out, (1, 1), (2, 2), (1, 1), [(0, 7)], constant_weights=True
+    )
+    call()
+    # another kernel on this thread borrows the scratch, and leaves NaN in it
+    (other,) = _scratch.borrow(((1 << 16,),), np.dtype(np.float32))
+    other.fill(np.nan)
+    out.fill(0)
+    call()
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_non_finite_inputs_reach_only_the_outputs_they_feed() -> None:
+    x = np.zeros((1, 16, 7, 7), np.float32)
+    x[0, 3, 3, 3] = np.inf
+    x[0, 9, 0, 0] = np.nan
+    w = np.ones((16, 1, 3, 3), np.float32)
+    out = np.empty((1, 16, 7, 7), np.float32)
+    _dwvector.bind(x, w, None, out, (1, 1), (1, 1), (1, 1), [(0, 7)])()
+    assert np.isposinf(out[0, 3, 2:5, 2:5]).all()
+    assert np.isnan(out[0, 9, :2, :2]).all()
+    finite = np.ones(out.shape, bool)
+    finite[0, 3, 2:5, 2:5] = finite[0, 9, :2, :2] = False
+    assert np.all(out[finite] == 0)
+
+
+def test_pixels_stride_avoids_an_even_number_of_cache_lines() -> None:
+    # 1024 channels: 4 KiB a pixel, every tap in one cache set
+    assert _dwvector._pixel_stride(1024) == 1040
+    assert _dwvector._pixel_stride(240) == 240  # 15 lines: odd
+    assert _dwvector._pixel_stride(16) == 16
+
+
+def test_an_unknown_activation_is_refused() -> None:
+    x = np.zeros((1, 16, 4, 4), np.float32)
+    w = np.zeros((16, 1, 3, 3), np.float32)
+    with pytest.raises(ValueError, match="swish2"):
+        _dwvector.bind(
+            x, w, None, x.copy(), (1, 1), (1, 1), (1, 1), [(0, 4)], activation="swish2"
+        )
