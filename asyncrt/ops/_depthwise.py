@@ -26,6 +26,9 @@ layouts, chosen by the output's width:
   in place, the inner loop contiguous over channels. A second copy brings
   the result back to NCHW. Measured (one thread, against im2col): 240
   channels of 14 x 14, 5 x 5: 440 -> 144 us; 576 of 7 x 7: 350 -> 67 us.
+  float32 takes this layout in explicit vectors instead
+  (:mod:`asyncrt.ops._dwvector`), 5 x 5 kernels up to
+  :data:`VECTOR_MAX_WIDTH` wide too; this loop serves float64.
 
 The same planar loop runs grouped convolutions of small groups (a group's
 input channels are more taps) and a network's stem (one group of three
