@@ -179,6 +179,7 @@ class Session:
                     set_as_default=False,
                 )
         except Exception as exc:  # refused, timed out, TLS misconfigured, ...
+            _close_half_made(exc, client_class)
             hint = ""
             if str(address_or_client).startswith("tls://") and security is None:
                 hint = " (a tls:// scheduler needs security=Security(...))"
@@ -501,6 +502,23 @@ class Session:
 def _fire_all(watches: list[_Watch]) -> None:
     for watch in watches:
         watch.fire("lost")
+
+
+def _close_half_made(error: BaseException, client_class: type) -> None:
+    """Close the client whose constructor raised ``error``, if it got as far
+    as starting its event loop's thread: distributed leaves that to the
+    client's ``__del__``, whose close, at some later garbage collection,
+    waits for the thread and can raise there (an unraisable error in
+    whatever runs then). Closed now, errors of its own are ignored: the
+    connection already failed."""
+    trace = error.__traceback__
+    while trace is not None:
+        made = trace.tb_frame.f_locals.get("self")
+        if isinstance(made, client_class):
+            with contextlib.suppress(Exception):
+                made.close()
+            return
+        trace = trace.tb_next
 
 
 def _discover(client: Any, gpus: bool) -> list[Target]:
