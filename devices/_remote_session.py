@@ -513,7 +513,7 @@ def _close_half_made(error: BaseException, client_class: type) -> None:
     connection already failed."""
     trace = error.__traceback__
     while trace is not None:
-        made = trace.tb_frame.f_locals.get("self")
+        made: Any = trace.tb_frame.f_locals.get("self")
         if isinstance(made, client_class):
             with contextlib.suppress(Exception):
                 made.close()
