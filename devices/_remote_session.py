@@ -504,7 +504,7 @@ def _fire_all(watches: list[_Watch]) -> None:
         watch.fire("lost")
 
 
-def _close_half_made(error: BaseException, client_class: type) -> None:
+def _close_half_made(error: BaseException, client_class: Any) -> None:
     """Close the client whose constructor raised ``error``, if it got as far
     as starting its event loop's thread: distributed leaves that to the
     client's ``__del__``, whose close, at some later garbage collection,
