@@ -47,63 +47,15 @@ import numpy as np
 from . import _jit, _scratch
 from ._common import Array
 from ._conv_epilogue import ACTIVATIONS
+from ._vector_ir import PREAMBLE
 
 __all__ = ("bind", "lanes", "takes")
 
 _FLOAT32 = np.dtype(np.float32)
 
 
-_PREAMBLE = """
-import numba
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
-
-
-def _is_float_array(a, ndim):
-    return (
-        isinstance(a, types.Array) and a.dtype == types.float32
-        and a.ndim == ndim and a.layout == "C"
-    )
-
-
-class _Emit:
-    # LLVM IR for one intrinsic: integer arithmetic on intp, and vectors of
-    # LANES float32 read and written at flat element indices of arrays
-    def __init__(self, context, builder, lanes):
-        self.b = builder
-        self.intp = context.get_value_type(types.intp)
-        self.vector = ir.VectorType(ir.FloatType(), lanes)
-
-    def const(self, value):
-        return ir.Constant(self.intp, value)
-
-    def index(self, *terms):
-        # terms: a sum of values and (value, factor, ...) products
-        total = None
-        for term in terms:
-            if isinstance(term, tuple):
-                product = term[0]
-                for factor in term[1:]:
-                    product = self.b.mul(product, factor)
-                term = product
-            total = term if total is None else self.b.add(total, term)
-        return total
-
-    def address(self, array, index):
-        element = self.b.gep(array.data, [index])
-        return self.b.bitcast(element, self.vector.as_pointer())
-
-    def load(self, array, index):
-        return self.b.load(self.address(array, index), align=4)
-
-    def store(self, value, array, index):
-        self.b.store(value, self.address(array, index), align=4)
-"""
-
 _SOURCE = (
-    _PREAMBLE
+    PREAMBLE
     + """
 KH, KW, SH, SW, DH, DW, LANES = {geometry}
 ACTIVATION = "{activation}"
@@ -127,20 +79,17 @@ def block_rows_(typingctx, xp, w, bias, out, c0, first, last):
         )
         c0, first, last = args[4:]
 
-        def splat(value):
-            return ir.Constant(e.vector, [ir.Constant(ir.FloatType(), value)] * LANES)
-
         def clamp_below(v, bound):  # bound if v < bound, else v (NaN stays)
             return builder.select(builder.fcmp_ordered("<", v, bound), bound, v)
 
         def activate(v):
             # the library's expressions (_conv_epilogue.EXPRESSIONS), lane-wise
             if ACTIVATION == "relu":
-                return clamp_below(v, splat(0.0))
+                return clamp_below(v, e.splat(0.0))
             if ACTIVATION == "hard_swish":
-                t = builder.fadd(builder.fmul(v, splat(SIXTH)), splat(0.5))
-                t = clamp_below(t, splat(0.0))
-                one = splat(1.0)
+                t = builder.fadd(builder.fmul(v, e.splat(SIXTH)), e.splat(0.5))
+                t = clamp_below(t, e.splat(0.0))
+                one = e.splat(1.0)
                 t = builder.select(builder.fcmp_ordered(">", t, one), one, t)
                 return builder.fmul(v, t)
             return v
@@ -199,7 +148,7 @@ def _pixel_stride(blocks: int) -> int:
 
 
 _LAYOUT_SOURCE = (
-    _PREAMBLE
+    PREAMBLE
     + """
 LANES = {lanes}
 

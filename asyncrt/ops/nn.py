@@ -46,6 +46,7 @@ from . import (
     _epijit,
     _jit,
     _jitlrn,
+    _poolvector,
     _row_chunks,
     _scratch,
     _winograd,
@@ -427,6 +428,12 @@ def _max_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
 
     def bind(x: Array, out: Array, *indices: Array) -> Callable[[], None]:
         begin, _, reach = geometry.padding(x.shape[2:], out.shape[2:])
+        if (
+            not with_indices
+            and out.size
+            and _poolvector.takes(x, out, geometry.strides, geometry.dilations)
+        ):
+            return _poolvector.bind(x, out, geometry.kernel, geometry.strides, begin)
         if not with_indices and out.size and _depthwise.pools(xp, x, out):
             return _depthwise.bind_pool(
                 x,

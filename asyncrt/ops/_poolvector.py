@@ -1,0 +1,193 @@
+"""2-D max pooling along the NCHW planes, in explicit LLVM vectors.
+
+The planar loop (:mod:`asyncrt.ops._depthwise`) pools a strided window by
+copying each plane's columns into phases first (one phase per column
+stride), then taking the maxima along contiguous runs: two passes over
+the input. Here a numba intrinsic (:mod:`asyncrt.ops._vector_ir`) takes
+a row of :func:`asyncrt.ops._dwvector.lanes` outputs at once straight
+from the planes: for each tap, one vector load at unit stride, or at
+stride 2 two loads and a shuffle that keeps every other lane; rows
+outside the input count as -inf (a select, no branch). Columns whose
+windows reach past the row's ends (the pads) take a scalar loop.
+
+Results: each window's maximum as ``np.maximum`` folds it: NaN if any
+input of the window is NaN; of equal zeros either sign may come out, as
+the folds' order decides. float32, unit dilation, column strides 1 and 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+
+from ..runtime import _threads
+from . import _dwvector, _jit, _jitmath
+from ._common import Array
+from ._vector_ir import PREAMBLE
+
+__all__ = ("MIN_WORK_PER_THREAD", "bind", "takes")
+
+#: Window cells a kernel thread compares at least before the pooling is
+#: split over threads (a hand-off costs tens of microseconds).
+MIN_WORK_PER_THREAD = 2_000_000
+
+_SOURCE = (
+    PREAMBLE
+    + "\n".join(_jitmath.head()[1:])
+    + """
+KH, KW, SH, SW, LANES = {geometry}
+
+
+@intrinsic
+def pool_block_(typingctx, x, out, plane, i, j0, top, left):
+    # out[plane, i, j0:j0 + LANES]: each window's maximum, its rows outside
+    # x as -inf; every column the window reads lies inside x's rows
+    if not (_is_float_array(x, 3) and _is_float_array(out, 3)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        e = _Emit(context, builder, LANES)
+        source, target = (
+            context.make_array(t)(context, builder, a)
+            for t, a in zip(signature.args[:2], args[:2])
+        )
+        plane, i, j0, top, left = args[2:]
+        _, height, width = cgutils.unpack_tuple(builder, source.shape, 3)
+        _, out_h, out_w = cgutils.unpack_tuple(builder, target.shape, 3)
+        lowest = e.splat(float("-inf"))
+        masks = ir.VectorType(ir.IntType(32), LANES)
+        # every other lane of low (at) and high (at + LANES - 1): the second
+        # load ends on the block's last column, never past it
+        every_other = ir.Constant(
+            masks,
+            [2 * k if 2 * k < LANES else 2 * k + 1 for k in range(LANES)],
+        )
+        first_column = builder.sub(builder.mul(j0, e.const(SW)), left)
+        best = lowest
+        for a in range(KH):
+            row = builder.sub(e.index((i, e.const(SH)), e.const(a)), top)
+            inside = builder.and_(
+                builder.icmp_signed(">=", row, e.const(0)),
+                builder.icmp_signed("<", row, height),
+            )
+            safe = builder.select(inside, row, e.const(0))
+            start = e.index((e.index((plane, height), safe), width), first_column)
+            for b in range(KW):
+                at = builder.add(start, e.const(b))
+                if SW == 1:
+                    v = e.load(source, at)
+                else:
+                    low = e.load(source, at)
+                    high = e.load(source, builder.add(at, e.const(LANES - 1)))
+                    v = builder.shuffle_vector(low, high, every_other)
+                v = builder.select(inside, v, lowest)
+                # np.maximum: best unless v is larger or NaN (best NaN stays)
+                keep = builder.or_(
+                    builder.fcmp_ordered(">=", best, v),
+                    builder.fcmp_unordered("uno", best, best),
+                )
+                best = builder.select(keep, best, v)
+        cell = e.index((e.index((plane, out_h), i), out_w), j0)
+        e.store(best, target, cell)
+        return context.get_dummy_value()
+
+    intp = types.intp
+    return types.none(x, out, intp, intp, intp, intp, intp), codegen
+
+
+@numba.njit(inline="always", error_model="numpy")
+def window_max_(x, plane, i, j, top, left):
+    height, width = x.shape[1], x.shape[2]
+    best = _F(-np.inf)
+    for a in range(KH):
+        r = i * SH + a - top
+        if r < 0 or r >= height:
+            continue
+        for b in range(KW):
+            c = j * SW + b - left
+            if 0 <= c < width:
+                best = max_(best, x[plane, r, c])
+    return best
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+def kernel(x, out, first, last, top, left):
+    # planes first:last of out (P, OH, OW) = max pooling of x (P, H, W)
+    width = x.shape[2]
+    out_h, out_w = out.shape[1], out.shape[2]
+    # the vector blocks: their columns from j0 * SW - left >= 0 to
+    # (j0 + LANES - 1) * SW + KW - 1 - left inside the row; the last block
+    # may overlap the one before (its outputs are computed twice, alike)
+    low = -(-left // SW)
+    high = (width - 1 + left - (LANES - 1) * SW - (KW - 1)) // SW
+    last_block = min(high, out_w - LANES)
+    for plane in range(first, last):
+        for i in range(out_h):
+            j = 0
+            if last_block >= low:
+                while j < low:
+                    out[plane, i, j] = window_max_(x, plane, i, j, top, left)
+                    j += 1
+                while j < last_block + LANES:
+                    j0 = min(j, last_block)
+                    pool_block_(x, out, plane, i, j0, top, left)
+                    j = j0 + LANES
+            while j < out_w:
+                out[plane, i, j] = window_max_(x, plane, i, j, top, left)
+                j += 1
+"""
+)
+
+
+@functools.cache
+def _kernel(geometry: tuple[int, ...]) -> Callable[..., None]:
+    """The loop for ``(KH, KW, SH, SW, LANES)``, compiled (or loaded from
+    numba's disk cache)."""
+    text = _SOURCE.replace("{geometry}", ", ".join(map(str, geometry)))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+    return _jit.compile_source("asyncrt_poolvector_" + digest, text, "kernel")
+
+
+def takes(
+    x: Array, out: Array, strides: tuple[int, ...], dilations: tuple[int, ...]
+) -> bool:
+    """Whether :func:`bind` pools these arrays: numpy float32, 2-D,
+    C-contiguous, unit dilation, column stride 1 or 2, the compiled engine
+    available."""
+    return bool(
+        isinstance(x, np.ndarray)
+        and isinstance(out, np.ndarray)
+        and x.ndim == 4
+        and x.dtype == out.dtype == np.float32
+        and x.flags.c_contiguous
+        and out.flags.c_contiguous
+        and len(strides) == 2
+        and strides[1] in (1, 2)
+        and all(d == 1 for d in dilations)
+        and _jit.available()
+    )
+
+
+def bind(
+    x: Array,
+    out: Array,
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    begin: tuple[int, ...],
+) -> Callable[[], None]:
+    """Max pooling of :func:`takes`' arrays as a call without arguments,
+    compiled now.
+
+    :param kernel: the window's rows and columns.
+    :param begin: the pads before the rows and the columns.
+    """
+    n, c, height, width = x.shape
+    planes = x.reshape(n * c, height, width)
+    pooled = out.reshape(n * c, *out.shape[2:])
+    loop = _kernel((*kernel, *strides, _dwvector.lanes()))
+    work = out.size * kernel[0] * kernel[1]
+    shares = _threads.shares(n * c, work // MIN_WORK_PER_THREAD)
+    return _jit.bind_parts(loop, (planes, pooled), shares, trailing=begin)
