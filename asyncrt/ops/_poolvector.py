@@ -1,4 +1,5 @@
-"""2-D max pooling along the NCHW planes, in explicit LLVM vectors.
+"""2-D max and average pooling along the NCHW planes, in explicit LLVM
+vectors.
 
 The planar loop (:mod:`asyncrt.ops._depthwise`) pools a strided window by
 copying each plane's columns into phases first (one phase per column
@@ -12,7 +13,11 @@ windows reach past the row's ends (the pads) take a scalar loop.
 
 Results: each window's maximum as ``np.maximum`` folds it: NaN if any
 input of the window is NaN; of equal zeros either sign may come out, as
-the folds' order decides. float32, unit dilation, column strides 1 and 2.
+the folds' order decides. Or each window's sum, taps in row-major order
+(pads add nothing), times the output cell's scale in the same pass (an
+average's ``1 / count``): within float32 rounding of numpy's folds, which
+add in another order; inf + -inf is NaN. float32, unit dilation, column
+strides 1 and 2.
 """
 
 from __future__ import annotations
@@ -39,25 +44,29 @@ _SOURCE = (
     + "\n".join(_jitmath.head()[1:])
     + """
 KH, KW, SH, SW, LANES = {geometry}
+REDUCE = "{reduce}"
 
 
 @intrinsic
-def pool_block_(typingctx, x, out, plane, i, j0, top, left):
-    # out[plane, i, j0:j0 + LANES]: each window's maximum, its rows outside
-    # x as -inf; every column the window reads lies inside x's rows
-    if not (_is_float_array(x, 3) and _is_float_array(out, 3)):
+def pool_block_(typingctx, x, scale, out, plane, i, j0, top, left):
+    # out[plane, i, j0:j0 + LANES]: each window's maximum (its rows outside
+    # x as -inf), or its sum (as 0) times scale[i, j0:j0 + LANES]; every
+    # column the window reads lies inside x's rows
+    arrays = ((x, 3), (scale, 2), (out, 3))
+    if not all(_is_float_array(a, ndim) for a, ndim in arrays):
         return None
 
     def codegen(context, builder, signature, args):
         e = _Emit(context, builder, LANES)
-        source, target = (
+        source, factors, target = (
             context.make_array(t)(context, builder, a)
-            for t, a in zip(signature.args[:2], args[:2])
+            for t, a in zip(signature.args[:3], args[:3])
         )
-        plane, i, j0, top, left = args[2:]
+        plane, i, j0, top, left = args[3:]
         _, height, width = cgutils.unpack_tuple(builder, source.shape, 3)
         _, out_h, out_w = cgutils.unpack_tuple(builder, target.shape, 3)
-        lowest = e.splat(float("-inf"))
+        summing = REDUCE == "sum"
+        lowest = e.splat(0.0 if summing else float("-inf"))
         masks = ir.VectorType(ir.IntType(32), LANES)
         # every other lane of low (at) and high (at + LANES - 1): the second
         # load ends on the block's last column, never past it
@@ -84,24 +93,30 @@ def pool_block_(typingctx, x, out, plane, i, j0, top, left):
                     high = e.load(source, builder.add(at, e.const(LANES - 1)))
                     v = builder.shuffle_vector(low, high, every_other)
                 v = builder.select(inside, v, lowest)
+                if summing:
+                    best = builder.fadd(best, v)
+                    continue
                 # np.maximum: best unless v is larger or NaN (best NaN stays)
                 keep = builder.or_(
                     builder.fcmp_ordered(">=", best, v),
                     builder.fcmp_unordered("uno", best, best),
                 )
                 best = builder.select(keep, best, v)
+        if summing:
+            best = builder.fmul(best, e.load(factors, e.index((i, out_w), j0)))
         cell = e.index((e.index((plane, out_h), i), out_w), j0)
         e.store(best, target, cell)
         return context.get_dummy_value()
 
     intp = types.intp
-    return types.none(x, out, intp, intp, intp, intp, intp), codegen
+    return types.none(x, scale, out, intp, intp, intp, intp, intp), codegen
 
 
 @numba.njit(inline="always", error_model="numpy")
-def window_max_(x, plane, i, j, top, left):
+def window_(x, scale, plane, i, j, top, left):
+    # one output of pool_block_, in the same order
     height, width = x.shape[1], x.shape[2]
-    best = _F(-np.inf)
+    best = _ZERO if REDUCE == "sum" else _F(-np.inf)
     for a in range(KH):
         r = i * SH + a - top
         if r < 0 or r >= height:
@@ -109,13 +124,16 @@ def window_max_(x, plane, i, j, top, left):
         for b in range(KW):
             c = j * SW + b - left
             if 0 <= c < width:
-                best = max_(best, x[plane, r, c])
-    return best
+                if REDUCE == "sum":
+                    best = best + x[plane, r, c]
+                else:
+                    best = max_(best, x[plane, r, c])
+    return best * scale[i, j] if REDUCE == "sum" else best
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
-def kernel(x, out, first, last, top, left):
-    # planes first:last of out (P, OH, OW) = max pooling of x (P, H, W)
+def kernel(x, scale, out, first, last, top, left):
+    # planes first:last of out (P, OH, OW) = pooling of x (P, H, W)
     width = x.shape[2]
     out_h, out_w = out.shape[1], out.shape[2]
     # the vector blocks: their columns from j0 * SW - left >= 0 to
@@ -129,24 +147,25 @@ def kernel(x, out, first, last, top, left):
             j = 0
             if last_block >= low:
                 while j < low:
-                    out[plane, i, j] = window_max_(x, plane, i, j, top, left)
+                    out[plane, i, j] = window_(x, scale, plane, i, j, top, left)
                     j += 1
                 while j < last_block + LANES:
                     j0 = min(j, last_block)
-                    pool_block_(x, out, plane, i, j0, top, left)
+                    pool_block_(x, scale, out, plane, i, j0, top, left)
                     j = j0 + LANES
             while j < out_w:
-                out[plane, i, j] = window_max_(x, plane, i, j, top, left)
+                out[plane, i, j] = window_(x, scale, plane, i, j, top, left)
                 j += 1
 """
 )
 
 
 @functools.cache
-def _kernel(geometry: tuple[int, ...]) -> Callable[..., None]:
-    """The loop for ``(KH, KW, SH, SW, LANES)``, compiled (or loaded from
-    numba's disk cache)."""
+def _kernel(geometry: tuple[int, ...], reduce: str) -> Callable[..., None]:
+    """The loop for ``(KH, KW, SH, SW, LANES)`` and ``reduce`` (``"max"``
+    or ``"sum"``), compiled (or loaded from numba's disk cache)."""
     text = _SOURCE.replace("{geometry}", ", ".join(map(str, geometry)))
+    text = text.replace("{reduce}", reduce)
     digest = hashlib.sha256(text.encode()).hexdigest()[:20]
     return _jit.compile_source("asyncrt_poolvector_" + digest, text, "kernel")
 
@@ -177,17 +196,25 @@ def bind(
     kernel: tuple[int, ...],
     strides: tuple[int, ...],
     begin: tuple[int, ...],
+    scale: Array | float | None = None,
 ) -> Callable[[], None]:
-    """Max pooling of :func:`takes`' arrays as a call without arguments,
-    compiled now.
+    """Pooling of :func:`takes`' arrays as a call without arguments,
+    compiled now: each window's maximum, or with ``scale`` its sum (pads
+    count zero) times ``scale``.
 
     :param kernel: the window's rows and columns.
     :param begin: the pads before the rows and the columns.
+    :param scale: a number, or one per output cell ``(..., OH, OW)``
+        (average pooling's ``1 / count``).
     """
     n, c, height, width = x.shape
     planes = x.reshape(n * c, height, width)
     pooled = out.reshape(n * c, *out.shape[2:])
-    loop = _kernel((*kernel, *strides, _dwvector.lanes()))
+    reduce = "max" if scale is None else "sum"
+    factors = np.empty(out.shape[2:], np.float32)  # read by "sum" only
+    if scale is not None:
+        factors[...] = scale
+    loop = _kernel((*kernel, *strides, _dwvector.lanes()), reduce)
     work = out.size * kernel[0] * kernel[1]
     shares = _threads.shares(n * c, work // MIN_WORK_PER_THREAD)
-    return _jit.bind_parts(loop, (planes, pooled), shares, trailing=begin)
+    return _jit.bind_parts(loop, (planes, factors, pooled), shares, trailing=begin)

@@ -594,11 +594,19 @@ def _avg_pool(xp: ModuleType, attrs: Attrs) -> Kernel:
         return pool
 
     def by_planes(x: Array, out: Array) -> Callable[[], None] | None:
-        """The window sums on the depthwise planar loop, scaled, or
-        ``None`` where it does not take these arrays."""
-        if not out.size or not _depthwise.pools(xp, x, out):
+        """The window sums scaled, in vectors (:mod:`._poolvector`) or on
+        the depthwise planar loop, or ``None`` where neither takes these
+        arrays."""
+        if not out.size:
             return None
         begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
+        if _poolvector.takes(x, out, geometry.strides, geometry.dilations):
+            factor = scale(x, out)
+            return _poolvector.bind(
+                x, out, geometry.kernel, geometry.strides, begin, scale=factor
+            )
+        if not _depthwise.pools(xp, x, out):
+            return None
         sums = _depthwise.bind_pool(
             x,
             out,

@@ -1,7 +1,8 @@
-"""Max pooling in explicit vectors (``_poolvector``) against numpy's folds:
-every window's maximum, NaN wherever a window holds one, at both vector
-widths, over random shapes, windows, strides and pads (blocks, the
-overlapping last block, the scalar columns at the pads)."""
+"""Pooling in explicit vectors (``_poolvector``) against numpy's folds:
+every window's maximum, NaN wherever a window holds one, and every
+window's sum times its scale (average pooling), at both vector widths,
+over random shapes, windows, strides and pads (blocks, the overlapping
+last block, the scalar columns at the pads)."""
 
 from __future__ import annotations
 
@@ -23,15 +24,19 @@ def _folds(
     strides: tuple[int, int],
     begin: tuple[int, int],
     out_shape: tuple[int, ...],
+    fold: Any = np.maximum,
 ) -> np.ndarray[Any, Any]:
-    """``np.maximum`` folded over every tap of the -inf-padded input."""
+    """``fold`` over every tap of the padded input (pads -inf for the
+    maximum, 0 for sums, in float64)."""
     n, c, h, w = x.shape
     oh, ow = out_shape[2:]
     rows = max(begin[0] + h, (oh - 1) * strides[0] + kernel[0])
     cols = max(begin[1] + w, (ow - 1) * strides[1] + kernel[1])
-    padded = np.full((n, c, rows, cols), -np.inf, np.float32)
+    start = -np.inf if fold is np.maximum else 0.0
+    dtype = np.float32 if fold is np.maximum else np.float64
+    padded = np.full((n, c, rows, cols), start, dtype)
     padded[:, :, begin[0] : begin[0] + h, begin[1] : begin[1] + w] = x
-    out = np.full(out_shape, -np.inf, np.float32)
+    out = np.full(out_shape, start, dtype)
     for a in range(kernel[0]):
         for b in range(kernel[1]):
             tap = padded[
@@ -40,7 +45,7 @@ def _folds(
                 a : a + strides[0] * (oh - 1) + 1 : strides[0],
                 b : b + strides[1] * (ow - 1) + 1 : strides[1],
             ]
-            out = np.maximum(out, tap)
+            out = fold(out, tap)
     return out
 
 
@@ -139,3 +144,47 @@ def test_other_layouts_and_types_are_not_taken() -> None:
     assert not _poolvector.takes(x, out, (2, 3), (1, 1))  # column stride 3
     assert not _poolvector.takes(x, out, (2, 2), (2, 1))  # dilated
     assert not _poolvector.takes(x[..., ::2], out, (1, 1), (1, 1))
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize(
+    ("shape", "kernel", "strides", "begin", "end"),
+    [
+        ((2, 3, 56, 56), (3, 3), (2, 2), (1, 1), (1, 1)),
+        ((1, 2, 21, 57), (3, 3), (1, 1), (1, 1), (1, 1)),
+        ((1, 2, 9, 50), (3, 2), (1, 2), (0, 1), (2, 0)),
+    ],
+)
+def test_window_sums_times_their_scale(
+    monkeypatch: pytest.MonkeyPatch,
+    lanes: int,
+    shape: tuple[int, ...],
+    kernel: tuple[int, int],
+    strides: tuple[int, int],
+    begin: tuple[int, int],
+    end: tuple[int, int],
+) -> None:
+    monkeypatch.setattr(_poolvector._dwvector, "lanes", lambda: lanes)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(shape).astype(np.float32)
+    h, w = shape[2:]
+    oh = (h + begin[0] + end[0] - kernel[0]) // strides[0] + 1
+    ow = (w + begin[1] + end[1] - kernel[1]) // strides[1] + 1
+    scale = rng.uniform(0.1, 1, (1, 1, oh, ow)).astype(np.float32)  # per cell
+    out = np.full((*shape[:2], oh, ow), np.nan, np.float32)
+    _poolvector.bind(x, out, kernel, strides, begin, scale=scale)()
+    sums = _folds(x, kernel, strides, begin, out.shape, np.add)
+    np.testing.assert_allclose(out, sums * scale, rtol=1e-5, atol=1e-6)
+    _poolvector.bind(x, out, kernel, strides, begin, scale=0.5)()  # a number
+    np.testing.assert_allclose(out, sums * 0.5, rtol=1e-5, atol=1e-6)
+
+
+def test_sums_keep_ieee_specials() -> None:
+    x = np.zeros((1, 1, 8, 40), np.float32)
+    x[0, 0, 2, 20], x[0, 0, 2, 21] = np.inf, -np.inf  # one window holds both
+    x[0, 0, 6, 0] = np.nan
+    out = np.empty((1, 1, 8, 40), np.float32)
+    _poolvector.bind(x, out, (3, 3), (1, 1), (1, 1), scale=1.0)()
+    assert np.isnan(out[0, 0, 2, 20]) and np.isnan(out[0, 0, 1, 21])
+    assert np.isposinf(out[0, 0, 2, 19]) and np.isneginf(out[0, 0, 2, 22])
+    assert np.isnan(out[0, 0, 5:8, 0:2]).all()
