@@ -49,7 +49,7 @@ from ._common import Array
 from ._conv_epilogue import ACTIVATIONS
 from ._vector_ir import PREAMBLE
 
-__all__ = ("bind", "lanes", "takes")
+__all__ = ("bind", "lanes", "layout_copies", "takes")
 
 _FLOAT32 = np.dtype(np.float32)
 
@@ -299,6 +299,12 @@ def from_pixels(result, out):
 COPY_TILE = 8
 
 
+def layout_copies() -> tuple[Callable[..., None], Callable[..., None]]:
+    """``to_pixels(x, pixels, top, left, blocks)`` and ``from_pixels(result,
+    out)``: NCHW to a padded channels-last buffer and back, compiled."""
+    return _layout_copies(COPY_TILE)
+
+
 @functools.cache
 def _layout_copies(vector: int) -> tuple[Callable[..., None], Callable[..., None]]:
     """The compiled copies to and from the channels-last buffers, in tiles
@@ -400,7 +406,8 @@ def bind(
     _jit.specialise(to_pixels, (x, grid, top, left, blocks))
     _jit.specialise(from_pixels, (grid, out))
     copyto = np.copyto
-    views: list[Any] = [None, None]  # the scratch's address, and views of it
+    borrowed = _scratch.Borrowed(shapes, _FLOAT32)
+    views: list[Any] = [None, None]  # the scratch array, the loop bound to it
     if constant_weights:
         copyto(own_weights, weights)
 
@@ -409,10 +416,10 @@ def bind(
             copyto(own_weights, weights)  # an input's values change per run
         if bias is not None:
             copyto(own_bias, bias)
-        pixels, result = _scratch.borrow(shapes, _FLOAT32)
-        if views[0] != pixels.ctypes.data:  # made again only if it moved
+        pixels, result = borrowed()
+        if views[0] is not pixels:  # bound again only if the scratch moved
             views[:] = [
-                pixels.ctypes.data,
+                pixels,
                 _jit.bind_parts(kernel, (pixels, taps, shift, result), shares),
             ]
         to_pixels(x, pixels, top, left, blocks)

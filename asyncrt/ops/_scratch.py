@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ("MAX_BYTES", "borrow")
+__all__ = ("MAX_BYTES", "Borrowed", "borrow")
 
 #: A request larger than this many bytes is allocated afresh (and freed
 #: after the call), not kept.
@@ -58,3 +58,41 @@ def borrow(
         arrays.append(buffer[start : start + size].view(dtype).reshape(shape))
         start += span
     return arrays
+
+
+class Borrowed:
+    """A kernel binding's scratch arrays: :func:`borrow` on the first call,
+    then the same arrays for as long as the calling thread's buffer is the
+    one they were carved from (a borrow costs several microseconds of
+    shape arithmetic and views, per call of a kernel taking tens).
+
+    Calling it returns the arrays (valid until the next borrow on the
+    thread, as :func:`borrow`'s).
+    """
+
+    __slots__ = ("_arrays", "_buffer", "_dtype", "_shapes")
+
+    def __init__(
+        self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype[Any]
+    ) -> None:
+        self._shapes = shapes
+        self._dtype = dtype
+        self._buffer: np.ndarray[Any, Any] | None = None
+        self._arrays: list[np.ndarray[Any, Any]] = []
+
+    def __call__(self) -> list[np.ndarray[Any, Any]]:
+        buffer = getattr(_local, "buffer", None)
+        if buffer is not None and buffer is self._buffer:
+            return self._arrays
+        arrays = borrow(self._shapes, self._dtype)
+        carved = getattr(_local, "buffer", None)
+        # fresh arrays (past MAX_BYTES) are not the thread's: never kept
+        kept = carved is not None and _within(arrays[0], carved)
+        self._buffer = carved if kept else None
+        self._arrays = arrays
+        return arrays
+
+
+def _within(array: np.ndarray[Any, Any], buffer: np.ndarray[Any, Any]) -> bool:
+    start = buffer.ctypes.data
+    return bool(start <= array.ctypes.data < start + buffer.nbytes)

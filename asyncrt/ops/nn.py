@@ -49,6 +49,7 @@ from . import (
     _poolvector,
     _row_chunks,
     _scratch,
+    _stemvector,
     _winograd,
 )
 from ._builtin import SOFTMAX_SPLIT_ELEMENTS, ones_vector
@@ -289,6 +290,18 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         _conv_epilogue.warm(xp, out.dtype, activation, has_bias)
         if out.size and _depthwise.takes(xp, x, w, out, group):
             return depthwise(x, w, *rest, constant_weights=1 in constant)
+        if out.size and _stemvector.takes(x, w, out, group):
+            return _stemvector.bind(
+                x,
+                w,
+                rest[0] if has_bias else None,
+                out,
+                geometry.strides,
+                geometry.padding(x.shape[2:], out.shape[2:])[0],
+                geometry.dilations,
+                activation=activation,
+                constant_weights=1 in constant,
+            )
         if out.size and _depthwise.groups(xp, x, w, out, group):
             return by_groups(x, w, *rest)
         if out.size and _winograd.takes(

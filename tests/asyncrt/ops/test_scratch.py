@@ -50,3 +50,35 @@ def test_large_requests_are_fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     one = _scratch.borrow(((1000,),), F32)[0]
     two = _scratch.borrow(((1000,),), F32)[0]
     assert not np.shares_memory(one, two)
+
+
+def test_a_binding_keeps_its_arrays_while_the_thread_keeps_its_buffer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def in_fresh_thread() -> None:
+        borrowed = _scratch.Borrowed(((4, 8), (16,)), np.dtype(np.float32))
+        first = borrowed()
+        assert [a.shape for a in first] == [(4, 8), (16,)]
+        assert all(a is b for a, b in zip(borrowed(), first, strict=True))
+        _scratch.borrow(((1 << 16,),), np.dtype(np.float32))  # grows the buffer
+        again = borrowed()
+        assert again[0] is not first[0]  # carved from the new buffer
+        assert borrowed()[0] is again[0]
+        monkeypatch.setattr(_scratch, "MAX_BYTES", 64)
+        large = _scratch.Borrowed(((4, 8),), np.dtype(np.float32))  # past it
+        fresh = large()
+        assert large()[0] is not fresh[0]  # allocated afresh, never kept
+
+    errors: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            in_fresh_thread()
+        except BaseException as error:  # reported on the test's thread
+            errors.append(error)
+
+    worker = threading.Thread(target=guarded)  # a thread with no buffer yet
+    worker.start()
+    worker.join()
+    if errors:
+        raise errors[0]
