@@ -73,10 +73,7 @@ def block_rows_(typingctx, xp, w, bias, out, c0, first, last):
 
     def codegen(context, builder, signature, args):
         e = _Emit(context, builder, LANES)
-        x, taps, shift, result = (
-            context.make_array(t)(context, builder, a)
-            for t, a in zip(signature.args[:4], args[:4])
-        )
+        x, taps, shift, result = e.arrays(signature, args, 4)
         c0, first, last = args[4:]
 
         def clamp_below(v, bound):  # bound if v < bound, else v (NaN stays)
@@ -183,10 +180,7 @@ def tile_in_(typingctx, x, pixels, n, c0, p0, top, left):
 
     def codegen(context, builder, signature, args):
         e = _Emit(context, builder, LANES)
-        source, target = (
-            context.make_array(t)(context, builder, a)
-            for t, a in zip(signature.args[:2], args[:2])
-        )
+        source, target = e.arrays(signature, args, 2)
         n, c0, p0, top, left = args[2:]
         _, channels, height, width = cgutils.unpack_tuple(builder, source.shape, 4)
         _, rows, columns, stride = cgutils.unpack_tuple(builder, target.shape, 4)
@@ -223,10 +217,7 @@ def tile_out_(typingctx, result, out, n, c0, q0):
 
     def codegen(context, builder, signature, args):
         e = _Emit(context, builder, LANES)
-        source, target = (
-            context.make_array(t)(context, builder, a)
-            for t, a in zip(signature.args[:2], args[:2])
-        )
+        source, target = e.arrays(signature, args, 2)
         n, c0, q0 = args[2:]
         _, height, width, stride = cgutils.unpack_tuple(builder, source.shape, 4)
         channels = cgutils.unpack_tuple(builder, target.shape, 4)[1]

@@ -58,10 +58,7 @@ def pool_block_(typingctx, x, scale, out, plane, i, j0, top, left):
 
     def codegen(context, builder, signature, args):
         e = _Emit(context, builder, LANES)
-        source, factors, target = (
-            context.make_array(t)(context, builder, a)
-            for t, a in zip(signature.args[:3], args[:3])
-        )
+        source, factors, target = e.arrays(signature, args, 3)
         plane, i, j0, top, left = args[3:]
         _, height, width = cgutils.unpack_tuple(builder, source.shape, 3)
         _, out_h, out_w = cgutils.unpack_tuple(builder, target.shape, 3)

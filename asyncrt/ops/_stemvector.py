@@ -59,10 +59,7 @@ def _stem_pixels(context, builder, signature, args, checked):
     # result[n, i, j, :LANES] for j in j0:j1 (one row): the bias, then
     # each tap's weight vector times its input value
     e = _Emit(context, builder, LANES)
-    x, taps, shift, result = (
-        context.make_array(t)(context, builder, a)
-        for t, a in zip(signature.args[:4], args[:4])
-    )
+    x, taps, shift, result = e.arrays(signature, args, 4)
     n, i, j0, j1, top, left = args[4:]
     _, channels, height, width = cgutils.unpack_tuple(builder, x.shape, 4)
     _, out_h, out_w, stride = cgutils.unpack_tuple(builder, result.shape, 4)

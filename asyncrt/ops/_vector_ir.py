@@ -36,8 +36,16 @@ class _Emit:
     # LANES float32 read and written at flat element indices of arrays
     def __init__(self, context, builder, lanes):
         self.b = builder
+        self.context = context
         self.intp = context.get_value_type(types.intp)
         self.vector = ir.VectorType(ir.FloatType(), lanes)
+
+    def arrays(self, signature, args, count):
+        # the first count arguments' array structures (data, shape)
+        return [
+            self.context.make_array(t)(self.context, self.b, a)
+            for t, a in zip(signature.args[:count], args[:count])
+        ]
 
     def const(self, value):
         return ir.Constant(self.intp, value)
