@@ -76,20 +76,6 @@ def block_rows_(typingctx, xp, w, bias, out, c0, first, last):
         x, taps, shift, result = e.arrays(signature, args, 4)
         c0, first, last = args[4:]
 
-        def clamp_below(v, bound):  # bound if v < bound, else v (NaN stays)
-            return builder.select(builder.fcmp_ordered("<", v, bound), bound, v)
-
-        def activate(v):
-            # the library's expressions (_conv_epilogue.EXPRESSIONS), lane-wise
-            if ACTIVATION == "relu":
-                return clamp_below(v, e.splat(0.0))
-            if ACTIVATION == "hard_swish":
-                t = builder.fadd(builder.fmul(v, e.splat(SIXTH)), e.splat(0.5))
-                t = clamp_below(t, e.splat(0.0))
-                one = e.splat(1.0)
-                t = builder.select(builder.fcmp_ordered(">", t, one), one, t)
-                return builder.fmul(v, t)
-            return v
 
         _, width, channels = cgutils.unpack_tuple(builder, x.shape, 3)
         _, out_w, out_channels = cgutils.unpack_tuple(builder, result.shape, 3)
@@ -115,7 +101,8 @@ def block_rows_(typingctx, xp, w, bias, out, c0, first, last):
                     tap = e.load(x, builder.add(corner, offset))
                     total = builder.fadd(total, builder.fmul(weight, tap))
                 cell = e.index((i, out_w), j)
-                e.store(activate(total), result, e.index((cell, out_channels), c0))
+                value = e.activate(total, ACTIVATION, SIXTH)
+                e.store(value, result, e.index((cell, out_channels), c0))
         return context.get_dummy_value()
 
     intp = types.intp
@@ -150,26 +137,6 @@ _LAYOUT_SOURCE = (
 LANES = {lanes}
 
 
-def _transpose(builder, rows):
-    # rows[r][c] -> rows[c][r] for a LANES x LANES tile of vectors: stage b
-    # swaps bit b of the row index with bit b of the column index, two
-    # two-source shuffles per pair of rows
-    masks = ir.VectorType(ir.IntType(32), LANES)
-    rows = list(rows)
-    b = 1
-    while b < LANES:
-        low = [c if not c & b else LANES + c - b for c in range(LANES)]
-        high = [c + b if not c & b else LANES + c for c in range(LANES)]
-        for r in range(LANES):
-            if r & b:
-                continue
-            one, other = rows[r], rows[r | b]
-            rows[r] = builder.shuffle_vector(one, other, ir.Constant(masks, low))
-            rows[r | b] = builder.shuffle_vector(one, other, ir.Constant(masks, high))
-        b <<= 1
-    return rows
-
-
 @intrinsic
 def tile_in_(typingctx, x, pixels, n, c0, p0, top, left):
     # x[n, c0:c0 + LANES] at plane cells p0:p0 + LANES -> their pixels of
@@ -194,7 +161,7 @@ def tile_in_(typingctx, x, pixels, n, c0, p0, top, left):
             loaded.append(e.load(source, plane_start))
         h = builder.sdiv(p0, width)
         w = builder.sub(p0, builder.mul(h, width))
-        for pixel in _transpose(builder, loaded):
+        for pixel in e.transpose(loaded):
             row = e.index((n, rows), top, h)
             cell = e.index((row, columns), left, w)
             e.store(pixel, target, e.index((cell, stride), c0))
@@ -227,7 +194,7 @@ def tile_out_(typingctx, result, out, n, c0, q0):
             e.load(source, e.index((e.index(first, e.const(j)), stride), c0))
             for j in range(LANES)
         ]
-        for k, row in enumerate(_transpose(builder, loaded)):
+        for k, row in enumerate(e.transpose(loaded)):
             c = builder.add(c0, e.const(k))
             with builder.if_then(builder.icmp_signed("<", c, channels), likely=True):
                 e.store(row, target, e.index((e.index((n, channels), c), plane), q0))

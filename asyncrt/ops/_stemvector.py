@@ -10,11 +10,12 @@ VM). Here the outputs of one pixel are one vector of
 vector over the outputs) stay in registers, and each output pixel is the
 bias plus, per tap, that vector times the tap's input value (broadcast),
 multiplied and added in one step where the CPU has FMA
-(``llvm.fmuladd``). Interior pixels read their taps without checks; rows
-and columns at the pads take a checked variant (taps outside the input
-add zero). The result, channels-last, goes back to NCHW by the
-depthwise module's tile copies, and the activation (ReLU, hard-swish)
-follows in place.
+(``llvm.fmuladd``), then activated (ReLU, hard-swish) in the register.
+Interior pixels go a vector of them at a time: their vectors, transposed
+in registers, are runs of each output plane, stored straight into the
+NCHW output (no channels-last buffer, no copy). Pixels whose taps reach
+the pads take a checked variant (taps outside the input add zero) that
+stores each channel alone.
 
 Results: within float32 rounding of the other convolution paths (the
 products fused with their sums where the CPU has FMA; the taps in order
@@ -30,9 +31,9 @@ from collections.abc import Callable
 import numpy as np
 
 from ..runtime import _threads
-from . import _dwvector, _jit, _scratch
+from . import _dwvector, _jit
 from ._common import Array
-from ._conv_epilogue import bind_bias_activation
+from ._conv_epilogue import ACTIVATIONS
 from ._vector_ir import PREAMBLE
 
 __all__ = ("MAX_TAPS", "MIN_PIXELS", "MIN_WORK_PER_THREAD", "bind", "takes")
@@ -47,74 +48,85 @@ MAX_TAPS = 32
 MIN_PIXELS = 4096
 #: Multiply-adds each kernel thread gets at least before the rows are split.
 MIN_WORK_PER_THREAD = 2_000_000
-_FLOAT32 = np.dtype(np.float32)
 
 _SOURCE = (
     PREAMBLE
     + """
 CIN, KH, KW, SH, SW, DH, DW, LANES = {geometry}
+ACTIVATION = "{activation}"
+SIXTH = {sixth}
 
 
-def _stem_pixels(context, builder, signature, args, checked):
-    # result[n, i, j, :LANES] for j in j0:j1 (one row): the bias, then
-    # each tap's weight vector times its input value
-    e = _Emit(context, builder, LANES)
-    x, taps, shift, result = e.arrays(signature, args, 4)
-    n, i, j0, j1, top, left = args[4:]
-    _, channels, height, width = cgutils.unpack_tuple(builder, x.shape, 4)
-    _, out_h, out_w, stride = cgutils.unpack_tuple(builder, result.shape, 4)
-    f32 = ir.FloatType()
-    vector = e.vector
-    fused = builder.module.declare_intrinsic(
-        f"llvm.fmuladd.v{LANES}f32", (), ir.FunctionType(vector, [vector] * 3)
-    )
-    weights = [
-        e.load(taps, e.const(t * LANES)) for t in range(CIN * KH * KW)
-    ]
-    start = e.load(shift, e.const(0))
-    zero = ir.Constant(f32, 0.0)
-    broadcast = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
-    undefined = ir.Constant(vector, ir.Undefined)
-    first_lane = ir.Constant(ir.IntType(32), 0)
-    rows = [
-        builder.sub(e.index((i, e.const(SH)), e.const(a * DH)), top) for a in range(KH)
-    ]
-    with cgutils.for_range(builder, builder.sub(j1, j0), intp=e.intp) as column:
-        j = builder.add(column.index, j0)
-        total = start
+class _Stem:
+    # IR for one call: the weights and bias loaded, the rows of the taps
+    def __init__(self, context, builder, signature, args):
+        e = self.e = _Emit(context, builder, LANES)
+        self.b = builder
+        self.x, taps, shift, self.out = e.arrays(signature, args, 4)
+        self.n, self.i, self.j0, self.j1, top, self.left = args[4:]
+        _, self.channels, self.height, self.width = cgutils.unpack_tuple(
+            builder, self.x.shape, 4
+        )
+        _, self.outputs, self.out_h, self.out_w = cgutils.unpack_tuple(
+            builder, self.out.shape, 4
+        )
+        vector = e.vector
+        self.fused = builder.module.declare_intrinsic(
+            f"llvm.fmuladd.v{LANES}f32", (), ir.FunctionType(vector, [vector] * 3)
+        )
+        self.weights = [e.load(taps, e.const(t * LANES)) for t in range(CIN * KH * KW)]
+        self.start = e.load(shift, e.const(0))
+        self.rows = [
+            builder.sub(e.index((self.i, e.const(SH)), e.const(a * DH)), top)
+            for a in range(KH)
+        ]
+
+    def pixel(self, j, checked):
+        # the activated vector of out[n, :, i, j]: the bias, then each tap's
+        # weights times its input value (broadcast), taps outside x zero
+        e, b = self.e, self.b
+        zero = ir.Constant(ir.FloatType(), 0.0)
+        undefined = ir.Constant(e.vector, ir.Undefined)
+        spread = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        first_lane = ir.Constant(ir.IntType(32), 0)
+        total = self.start
         t = 0
         for ci in range(CIN):
-            plane = e.index((n, channels), e.const(ci))
+            plane = e.index((self.n, self.channels), e.const(ci))
             for a in range(KH):
-                row = rows[a]
-                for b in range(KW):
-                    col = builder.sub(e.index((j, e.const(SW)), e.const(b * DW)), left)
+                row = self.rows[a]
+                for tap in range(KW):
+                    col = b.sub(e.index((j, e.const(SW)), e.const(tap * DW)), self.left)
                     if checked:
-                        inside = builder.and_(
-                            builder.and_(
-                                builder.icmp_signed(">=", row, e.const(0)),
-                                builder.icmp_signed("<", row, height),
+                        inside = b.and_(
+                            b.and_(
+                                b.icmp_signed(">=", row, e.const(0)),
+                                b.icmp_signed("<", row, self.height),
                             ),
-                            builder.and_(
-                                builder.icmp_signed(">=", col, e.const(0)),
-                                builder.icmp_signed("<", col, width),
+                            b.and_(
+                                b.icmp_signed(">=", col, e.const(0)),
+                                b.icmp_signed("<", col, self.width),
                             ),
                         )
-                        r = builder.select(inside, row, e.const(0))
-                        c = builder.select(inside, col, e.const(0))
+                        r = b.select(inside, row, e.const(0))
+                        c = b.select(inside, col, e.const(0))
                     else:
                         r, c = row, col
-                    at = e.index((e.index((plane, height), r), width), c)
-                    value = builder.load(builder.gep(x.data, [at]), align=4)
+                    at = e.index((e.index((plane, self.height), r), self.width), c)
+                    value = b.load(b.gep(self.x.data, [at]), align=4)
                     if checked:
-                        value = builder.select(inside, value, zero)
-                    lane = builder.insert_element(undefined, value, first_lane)
-                    spread = builder.shuffle_vector(lane, undefined, broadcast)
-                    total = builder.call(fused, [weights[t], spread, total])
+                        value = b.select(inside, value, zero)
+                    lane = b.insert_element(undefined, value, first_lane)
+                    broadcast = b.shuffle_vector(lane, undefined, spread)
+                    total = b.call(self.fused, [self.weights[t], broadcast, total])
                     t += 1
-        cell = e.index((e.index((n, out_h), i), out_w), j)
-        e.store(total, result, e.index((cell, stride)))
-    return context.get_dummy_value()
+        return e.activate(total, ACTIVATION, SIXTH)
+
+    def plane_row(self, k):
+        # the flat index of out[n, k, i, 0]
+        e = self.e
+        plane = e.index((self.n, self.outputs), k)
+        return e.index((e.index((plane, self.out_h), self.i), self.out_w))
 
 
 def _typed(x, w, bias, out):
@@ -123,26 +135,53 @@ def _typed(x, w, bias, out):
 
 
 @intrinsic
-def stem_run_(typingctx, x, w, bias, out, n, i, j0, j1, top, left):
-    # pixels whose every tap lies inside x: no checks
+def stem_pixels_(typingctx, x, w, bias, out, n, i, j0, j1, top, left):
+    # out[n, :, i, j0:j1], a pixel at a time, each output channel stored
+    # alone; taps outside x add zero (the pads)
     if not _typed(x, w, bias, out):
         return None
 
     def codegen(context, builder, signature, args):
-        return _stem_pixels(context, builder, signature, args, False)
+        stem = _Stem(context, builder, signature, args)
+        e = stem.e
+        count = builder.sub(stem.j1, stem.j0)
+        with cgutils.for_range(builder, count, intp=e.intp) as column:
+            j = builder.add(column.index, stem.j0)
+            total = stem.pixel(j, checked=True)
+            for k in range(LANES):
+                channel = e.const(k)
+                inside = builder.icmp_signed("<", channel, stem.outputs)
+                with builder.if_then(inside, likely=True):
+                    at = builder.add(stem.plane_row(channel), j)
+                    lane = ir.Constant(ir.IntType(32), k)
+                    value = builder.extract_element(total, lane)
+                    builder.store(value, builder.gep(stem.out.data, [at]), align=4)
+        return context.get_dummy_value()
 
     intp = types.intp
     return types.none(x, w, bias, out, intp, intp, intp, intp, intp, intp), codegen
 
 
 @intrinsic
-def stem_checked_(typingctx, x, w, bias, out, n, i, j0, j1, top, left):
-    # pixels at the pads: taps outside x add zero
+def stem_block_(typingctx, x, w, bias, out, n, i, j0, j1, top, left):
+    # out[n, :, i, j0:j0 + LANES] (j1 unused), every tap inside x: the
+    # pixels' vectors transposed in registers into runs of each channel
     if not _typed(x, w, bias, out):
         return None
 
     def codegen(context, builder, signature, args):
-        return _stem_pixels(context, builder, signature, args, True)
+        stem = _Stem(context, builder, signature, args)
+        e = stem.e
+        pixels = [
+            stem.pixel(builder.add(stem.j0, e.const(p)), checked=False)
+            for p in range(LANES)
+        ]
+        for k, run in enumerate(e.transpose(pixels)):
+            channel = e.const(k)
+            inside = builder.icmp_signed("<", channel, stem.outputs)
+            with builder.if_then(inside, likely=True):
+                e.store(run, stem.out, builder.add(stem.plane_row(channel), stem.j0))
+        return context.get_dummy_value()
 
     intp = types.intp
     return types.none(x, w, bias, out, intp, intp, intp, intp, intp, intp), codegen
@@ -150,30 +189,37 @@ def stem_checked_(typingctx, x, w, bias, out, n, i, j0, j1, top, left):
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 def kernel(x, w, bias, out, first, last, top, left):
-    # rows first:last of out (N, OH, OW, LANES) = the stem of x (N, CIN, H, W)
+    # rows first:last of out (N, M, OH, OW) = the stem of x (N, CIN, H, W)
     height, width = x.shape[2], x.shape[3]
-    out_w = out.shape[2]
+    out_w = out.shape[3]
     # interior columns: j * SW - left >= 0 and j * SW + (KW - 1) * DW - left < width
     low = min(out_w, -(-left // SW))
     high = max(low, min(out_w, (width - 1 + left - (KW - 1) * DW) // SW + 1))
     for n in range(x.shape[0]):
         for i in range(first, last):
             r0 = i * SH - top
-            if r0 >= 0 and r0 + (KH - 1) * DH < height:
-                stem_checked_(x, w, bias, out, n, i, 0, low, top, left)
-                stem_run_(x, w, bias, out, n, i, low, high, top, left)
-                stem_checked_(x, w, bias, out, n, i, high, out_w, top, left)
-            else:
-                stem_checked_(x, w, bias, out, n, i, 0, out_w, top, left)
+            if r0 < 0 or r0 + (KH - 1) * DH >= height:
+                stem_pixels_(x, w, bias, out, n, i, 0, out_w, top, left)
+                continue
+            stem_pixels_(x, w, bias, out, n, i, 0, low, top, left)
+            j = low
+            while j + LANES <= high:
+                stem_block_(x, w, bias, out, n, i, j, j + LANES, top, left)
+                j += LANES
+            stem_pixels_(x, w, bias, out, n, i, j, out_w, top, left)
 """
 )
 
 
 @functools.cache
-def _kernel(geometry: tuple[int, ...]) -> Callable[..., None]:
-    """The loop for ``(CIN, KH, KW, SH, SW, DH, DW, LANES)``, compiled (or
-    loaded from numba's disk cache)."""
-    text = _SOURCE.replace("{geometry}", ", ".join(map(str, geometry)))
+def _kernel(geometry: tuple[int, ...], activation: str) -> Callable[..., None]:
+    """The loop for ``(CIN, KH, KW, SH, SW, DH, DW, LANES)`` and
+    ``activation``, compiled (or loaded from numba's disk cache)."""
+    text = (
+        _SOURCE.replace("{geometry}", ", ".join(map(str, geometry)))
+        .replace("{activation}", activation)
+        .replace("{sixth}", repr(float(np.float32(1 / 6))))
+    )
     digest = hashlib.sha256(text.encode()).hexdigest()[:20]
     return _jit.compile_source("asyncrt_stemvector_" + digest, text, "kernel")
 
@@ -218,9 +264,9 @@ def bind(
     :param constant_weights: ``w``'s values stay as they are while the
         binding lives: its copy as vectors is made once.
     """
-    n, cin = x.shape[:2]
+    cin = x.shape[1]
     outputs, _, k_h, k_w = w.shape
-    out_h, out_w = out.shape[2:]
+    out_h = out.shape[2]
     lanes = _dwvector.lanes()
     if outputs > lanes:
         raise ValueError(f"{outputs} outputs: a vector holds {lanes}")
@@ -228,36 +274,21 @@ def bind(
     weights = w.reshape(outputs, -1).T  # (taps, outputs), input channel first
     shift = np.zeros(lanes, np.float32)
     own_weights, own_bias = taps[:, :outputs], shift[:outputs]
-    loop = _kernel((cin, k_h, k_w, *strides, *dilations, lanes))
-    shape = (n, out_h, out_w, lanes)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}")
+    loop = _kernel((cin, k_h, k_w, *strides, *dilations, lanes), activation)
     work = out.size * cin * k_h * k_w
     shares = _threads.shares(out_h, work // MIN_WORK_PER_THREAD)
-    _jit.specialise(
-        loop, (x, taps, shift, np.empty((1, 1, 1, lanes), np.float32), 0, 1, *begin)
-    )
-    from_pixels = _dwvector.layout_copies()[1]
-    _jit.specialise(from_pixels, (np.empty((1, 1, 1, 1), np.float32), out))
-    activate = bind_bias_activation(np, out, None, out, activation)
+    compute = _jit.bind_parts(loop, (x, taps, shift, out), shares, trailing=begin)
     copyto = np.copyto
-    borrowed = _scratch.Borrowed((shape,), _FLOAT32)
-    views: list[object] = [None, None]  # the scratch array, the loop bound to it
     if constant_weights:
         copyto(own_weights, weights)
 
     def stem() -> None:
         if not constant_weights:
-            copyto(own_weights, weights)
+            copyto(own_weights, weights)  # an input's values change per run
         if bias is not None:
             copyto(own_bias, bias)
-        (result,) = borrowed()
-        if views[0] is not result:  # bound again only if the scratch moved
-            views[:] = [
-                result,
-                _jit.bind_parts(loop, (x, taps, shift, result), shares, trailing=begin),
-            ]
-        compute = views[1]
-        compute()  # type: ignore[operator]
-        from_pixels(result, out)
-        activate()
+        compute()
 
     return stem

@@ -75,4 +75,43 @@ class _Emit:
 
     def store(self, value, array, index):
         self.b.store(value, self.address(array, index), align=4)
+
+    def activate(self, v, activation, sixth):
+        # the library's expressions (_conv_epilogue.EXPRESSIONS), lane-wise:
+        # "none", "relu", "hard_swish" (sixth: float32(1 / 6))
+        b = self.b
+
+        def clamp_below(v, bound):  # bound if v < bound, else v (NaN stays)
+            return b.select(b.fcmp_ordered("<", v, bound), bound, v)
+
+        if activation == "relu":
+            return clamp_below(v, self.splat(0.0))
+        if activation == "hard_swish":
+            t = b.fadd(b.fmul(v, self.splat(sixth)), self.splat(0.5))
+            t = clamp_below(t, self.splat(0.0))
+            one = self.splat(1.0)
+            t = b.select(b.fcmp_ordered(">", t, one), one, t)
+            return b.fmul(v, t)
+        return v
+
+    def transpose(self, rows):
+        # rows[r][c] -> rows[c][r] for a square tile of vectors: stage s
+        # swaps bit s of the row index with bit s of the column index, two
+        # two-source shuffles per pair of rows
+        lanes = self.vector.count
+        masks = ir.VectorType(ir.IntType(32), lanes)
+        rows = list(rows)
+        s = 1
+        while s < lanes:
+            low = [c if not c & s else lanes + c - s for c in range(lanes)]
+            high = [c + s if not c & s else lanes + c for c in range(lanes)]
+            for r in range(lanes):
+                if r & s:
+                    continue
+                one, other = rows[r], rows[r | s]
+                low_mask, high_mask = ir.Constant(masks, low), ir.Constant(masks, high)
+                rows[r] = self.b.shuffle_vector(one, other, low_mask)
+                rows[r | s] = self.b.shuffle_vector(one, other, high_mask)
+            s <<= 1
+        return rows
 """
