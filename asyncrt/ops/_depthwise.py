@@ -27,8 +27,9 @@ layouts, chosen by the output's width:
   the result back to NCHW. Measured (one thread, against im2col): 240
   channels of 14 x 14, 5 x 5: 440 -> 144 us; 576 of 7 x 7: 350 -> 67 us.
   float32 takes this layout in explicit vectors instead
-  (:mod:`asyncrt.ops._dwvector`), 5 x 5 kernels up to
-  :data:`VECTOR_MAX_WIDTH` wide too; this loop serves float64.
+  (:mod:`asyncrt.ops._dwvector`), and outputs up to
+  :data:`VECTOR_MAX_WIDTH` wide too (wider for 5 x 5 kernels); this loop
+  serves float64.
 
 The same planar loop runs grouped convolutions of small groups (a group's
 input channels are more taps) and a network's stem (one group of three
@@ -97,15 +98,18 @@ MIN_WORK_PER_THREAD = 2_000_000
 #: against 6.6 and 576 channels 68.5 against 43.3.
 PLANAR_MIN_WIDTH = 8
 
-#: Kernels of at least this many taps (5 x 5) go channels-last in vectors
-#: (:mod:`asyncrt.ops._dwvector`) up to outputs this wide, past
-#: :data:`PLANAR_MIN_WIDTH`: their taps' loads outweigh the layout copies.
-#: One thread, 5 x 5 against the planes: 240 channels of 14 x 14 58 against
-#: 130 us, 64 of 14 x 14 23 against 31, 144 of 28 x 28 at stride 2 76
-#: against 87; but 3 x 3 loses at width 14 (64 channels 18 against 12)
-#: and 5 x 5 at 16 (256 channels 183 against 110).
+#: float32 outputs up to this wide (past :data:`PLANAR_MIN_WIDTH`, with
+#: :data:`MIN_CHANNELS` or more) go channels-last in vectors
+#: (:mod:`asyncrt.ops._dwvector`), and up to :data:`VECTOR_MAX_WIDTH_MANY_TAPS`
+#: for kernels of :data:`VECTOR_MIN_TAPS` taps or more (5 x 5). One thread,
+#: vectors against the planes: 3 x 3, 128 channels of 20 x 20 41 against
+#: 55 us, 240 of 14 x 14 43 against 67; 5 x 5, 144 of 28 x 28 159 against
+#: 192, 64 of 56 x 56 at stride 2 31 against 57; but 3 x 3 at width 28 and
+#: stride 2 loses (32 channels 46 against 38), and anything at width 32
+#: (96 channels, 3 x 3: 86 against 68).
+VECTOR_MAX_WIDTH = 20
+VECTOR_MAX_WIDTH_MANY_TAPS = 28
 VECTOR_MIN_TAPS = 20
-VECTOR_MAX_WIDTH = 14
 
 #: Taps summed per statement of the planar kernel: one pass over the
 #: outputs for a 3 x 3 or 5 x 5 kernel; more taps take more passes.
@@ -400,7 +404,7 @@ def bind_depthwise(
         is made once, not per call.
     """
     vectors = _dwvector.takes(x, w)
-    if out.shape[3] >= PLANAR_MIN_WIDTH and not (vectors and _wide_taps(w, out)):
+    if out.shape[3] >= PLANAR_MIN_WIDTH and not (vectors and _vectors_win(w, out)):
         geometry = (*strides, *begin, *dilations)
         return _bind_planes(x, w, bias, out, geometry, activation)
     if vectors:
@@ -574,12 +578,12 @@ def bind_pool(
     return _bind_planes(x, w, None, out, geometry, "none", reduce)
 
 
-def _wide_taps(w: Array, out: Array) -> bool:
-    """Whether a kernel of many taps has outputs narrow enough for the
-    vectors, though wide enough for the planes (see
-    :data:`VECTOR_MIN_TAPS`)."""
-    taps = w.shape[2] * w.shape[3]
-    return bool(taps >= VECTOR_MIN_TAPS and out.shape[3] <= VECTOR_MAX_WIDTH)
+def _vectors_win(w: Array, out: Array) -> bool:
+    """Whether outputs wide enough for the planes still go faster in
+    vectors (see :data:`VECTOR_MAX_WIDTH`)."""
+    many = w.shape[2] * w.shape[3] >= VECTOR_MIN_TAPS
+    limit = VECTOR_MAX_WIDTH_MANY_TAPS if many else VECTOR_MAX_WIDTH
+    return bool(w.shape[0] >= MIN_CHANNELS and out.shape[3] <= limit)
 
 
 def _shares(out: Array, w: Array, extent: int) -> list[tuple[int, int]]:

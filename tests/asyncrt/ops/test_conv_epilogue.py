@@ -86,7 +86,7 @@ def test_small_odd_and_foreign_shapes_take_the_numpy_passes() -> None:
 
 # x shape, weights shape, group, strides, pads: one case per path
 PATHS = {
-    "depthwise planes": ((1, 16, 20, 20), (16, 1, 3, 3), 16, [1, 1], [1] * 4),
+    "depthwise planes": ((1, 16, 32, 32), (16, 1, 3, 3), 16, [1, 1], [1] * 4),
     "depthwise pixels": ((1, 32, 6, 6), (32, 1, 5, 5), 32, [1, 1], [2] * 4),
     "grouped": ((1, 16, 18, 18), (16, 4, 3, 3), 4, [2, 2], [1] * 4),
     "stem": ((1, 3, 40, 40), (16, 3, 3, 3), 1, [2, 2], [1] * 4),
@@ -155,6 +155,8 @@ def test_the_paths_cases_take_the_paths_they_are_named_for() -> None:
         x, w, out, group = arrays(path)
         assert _depthwise.takes(np, x, w, out, group)
     assert arrays("depthwise pixels")[2].shape[3] < _depthwise.PLANAR_MIN_WIDTH
+    planes = arrays("depthwise planes")[2].shape[3]
+    assert planes > _depthwise.VECTOR_MAX_WIDTH_MANY_TAPS  # not in vectors
     for path in ("grouped", "stem"):
         x, w, out, group = arrays(path)
         assert _depthwise.groups(np, x, w, out, group)

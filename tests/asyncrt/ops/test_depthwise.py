@@ -57,6 +57,7 @@ def layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     monkeypatch.setattr(_depthwise, "PLANAR_MIN_WIDTH", LAYOUTS[name])
     if name == "planes":  # no 5 x 5 kernel goes channels-last either
         monkeypatch.setattr(_depthwise, "VECTOR_MAX_WIDTH", 0)
+        monkeypatch.setattr(_depthwise, "VECTOR_MAX_WIDTH_MANY_TAPS", 0)
     return name
 
 
