@@ -65,16 +65,19 @@ def _pool(
     return out, _folds(x, kernel, strides, begin, out.shape)
 
 
-@pytest.mark.parametrize("lanes", [8, 16])
+# Each geometry compiles a loop of its own per vector width: the width of
+# 8 on the geometries that differ most.
 @pytest.mark.parametrize(
-    ("shape", "kernel", "strides", "begin", "end"),
+    ("lanes", "shape", "kernel", "strides", "begin", "end"),
     [
-        ((1, 4, 112, 112), (3, 3), (2, 2), (1, 1), (1, 1)),  # ResNet's
-        ((2, 3, 21, 57), (3, 3), (1, 1), (1, 1), (1, 1)),
-        ((1, 2, 20, 70), (5, 5), (2, 2), (2, 2), (2, 2)),
-        ((1, 3, 33, 40), (2, 2), (2, 2), (0, 0), (0, 0)),
-        ((1, 2, 9, 50), (3, 2), (1, 2), (0, 1), (2, 0)),  # uneven pads
-        ((1, 2, 6, 5), (3, 3), (2, 1), (1, 1), (1, 1)),  # all scalar
+        (16, (1, 4, 112, 112), (3, 3), (2, 2), (1, 1), (1, 1)),  # ResNet's
+        (8, (1, 4, 112, 112), (3, 3), (2, 2), (1, 1), (1, 1)),
+        (16, (2, 3, 21, 57), (3, 3), (1, 1), (1, 1), (1, 1)),
+        (8, (2, 3, 21, 57), (3, 3), (1, 1), (1, 1), (1, 1)),
+        (16, (1, 2, 20, 70), (5, 5), (2, 2), (2, 2), (2, 2)),
+        (16, (1, 3, 33, 40), (2, 2), (2, 2), (0, 0), (0, 0)),
+        (8, (1, 2, 9, 50), (3, 2), (1, 2), (0, 1), (2, 0)),  # uneven pads
+        (16, (1, 2, 6, 5), (3, 3), (2, 1), (1, 1), (1, 1)),  # all scalar
     ],
 )
 def test_every_window_is_numpys_fold(
@@ -146,13 +149,12 @@ def test_other_layouts_and_types_are_not_taken() -> None:
     assert not _poolvector.takes(x[..., ::2], out, (1, 1), (1, 1))
 
 
-@pytest.mark.parametrize("lanes", [8, 16])
 @pytest.mark.parametrize(
-    ("shape", "kernel", "strides", "begin", "end"),
+    ("lanes", "shape", "kernel", "strides", "begin", "end"),
     [
-        ((2, 3, 56, 56), (3, 3), (2, 2), (1, 1), (1, 1)),
-        ((1, 2, 21, 57), (3, 3), (1, 1), (1, 1), (1, 1)),
-        ((1, 2, 9, 50), (3, 2), (1, 2), (0, 1), (2, 0)),
+        (16, (2, 3, 56, 56), (3, 3), (2, 2), (1, 1), (1, 1)),
+        (8, (1, 2, 21, 57), (3, 3), (1, 1), (1, 1), (1, 1)),
+        (16, (1, 2, 9, 50), (3, 2), (1, 2), (0, 1), (2, 0)),
     ],
 )
 def test_window_sums_times_their_scale(
