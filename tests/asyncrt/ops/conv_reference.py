@@ -10,7 +10,7 @@ import numpy as np
 from asyncrt.ops import register_op_kernel
 from asyncrt.ops._kernels import global_namespace_func
 
-__all__ = ("conv_kernel", "conv_reference")
+__all__ = ("activate", "conv_kernel", "conv_reference")
 
 
 def conv_reference(
@@ -83,3 +83,13 @@ def conv_kernel(
     kernel = global_namespace_func(register_op_kernel("conv", attrs), "numpy")
     assert kernel is not None
     return kernel
+
+
+def activate(a: np.ndarray[Any, Any], activation: str) -> np.ndarray[Any, Any]:
+    """A convolution's fused activation (``"none"``, ``"relu"``,
+    ``"hard_swish"``) applied to reference outputs."""
+    if activation == "relu":
+        return np.maximum(a, 0)
+    if activation == "hard_swish":
+        return a * np.clip(a / 6 + 0.5, 0, 1)
+    return a

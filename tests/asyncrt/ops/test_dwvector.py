@@ -12,7 +12,7 @@ import pytest
 
 from asyncrt.ops import _dwvector, _scratch
 
-from .conv_reference import conv_reference
+from .conv_reference import activate, conv_reference
 
 pytest.importorskip("numba")
 
@@ -63,11 +63,7 @@ def _reference(
     activation: str,
 ) -> np.ndarray[Any, Any]:
     want = conv_reference(x, w, b, x.shape[1], strides, pads, dilations)
-    if activation == "relu":
-        return np.maximum(want, 0)
-    if activation == "hard_swish":
-        return want * np.clip(want / 6 + 0.5, 0, 1)
-    return want
+    return activate(want, activation)
 
 
 # Each geometry with one activation (every activation and geometry

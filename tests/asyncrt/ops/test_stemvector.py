@@ -5,25 +5,15 @@ are an input, and which convolutions it takes."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 from asyncrt.ops import _stemvector
 from asyncrt.ops._conv_epilogue import ACTIVATIONS
 
-from .conv_reference import conv_reference
+from .conv_reference import activate, conv_reference
 
 pytest.importorskip("numba")
-
-
-def _activate(a: np.ndarray[Any, Any], activation: str) -> np.ndarray[Any, Any]:
-    if activation == "relu":
-        return np.maximum(a, 0)
-    if activation == "hard_swish":
-        return a * np.clip(a / 6 + 0.5, 0, 1)
-    return a
 
 
 # Both vector widths on every geometry (each compiles a loop of its own).
@@ -69,7 +59,7 @@ def test_the_activation_and_no_bias(activation: str) -> None:
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((1, 3, 20, 20)) * 3).astype(np.float32)
     w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
-    want = _activate(conv_reference(x, w, None, 1, [1, 1], [1] * 4, [1, 1]), activation)
+    want = activate(conv_reference(x, w, None, 1, [1, 1], [1] * 4, [1, 1]), activation)
     out = np.empty(want.shape, np.float32)
     _stemvector.bind(x, w, None, out, (1, 1), (1, 1), (1, 1), activation=activation)()
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-5)
