@@ -77,9 +77,7 @@ class _Cells:
         _, self.rows, self.width, self.stride = cgutils.unpack_tuple(
             builder, self.x.shape, 4
         )
-        _, self.channels, self.out_h, self.out_w = cgutils.unpack_tuple(
-            builder, self.out.shape, 4
-        )
+        self.out_w = cgutils.unpack_tuple(builder, self.out.shape, 4)[3]
         blocks = cgutils.unpack_tuple(builder, taps.shape, 2)[1]
         self.weights = [
             e.load(taps, e.index((e.const(t), blocks), self.c0)) for t in range(KH * KW)
@@ -91,6 +89,11 @@ class _Cells:
             for a in range(KH)
             for b in range(KW)
         ]
+
+    def row_column(self):
+        # the output row and column of cell q0
+        i = self.b.sdiv(self.q0, self.out_w)
+        return i, self.b.sub(self.q0, self.b.mul(i, self.out_w))
 
     def sums(self, i, j):
         # the activated sums of output cell (i, j) for the block's channels
@@ -104,13 +107,6 @@ class _Cells:
             total = b.fadd(total, b.fmul(weight, tap))
         return e.activate(total, ACTIVATION, SIXTH)
 
-    def plane(self, k):
-        # the flat index of out[n, c0 + k, 0, 0], and whether it exists
-        e = self.e
-        channel = self.b.add(self.c0, e.const(k))
-        plane = e.index((self.n, self.channels), channel)
-        start = e.index((plane, self.out_h, self.out_w))
-        return start, self.b.icmp_signed("<", channel, self.channels)
 
 
 def _typed(xp, w, bias, out):
@@ -129,8 +125,7 @@ def block_run_(typingctx, xp, w, bias, out, n, c0, q0):
     def codegen(context, builder, signature, args):
         cells = _Cells(context, builder, signature, args)
         e = cells.e
-        i = builder.sdiv(cells.q0, cells.out_w)
-        j = builder.sub(cells.q0, builder.mul(i, cells.out_w))
+        i, j = cells.row_column()
         sums = []
         for _ in range(LANES):
             sums.append(cells.sums(i, j))
@@ -138,10 +133,7 @@ def block_run_(typingctx, xp, w, bias, out, n, c0, q0):
             wrap = builder.icmp_signed("==", j, cells.out_w)
             j = builder.select(wrap, e.const(0), j)
             i = builder.select(wrap, builder.add(i, e.const(1)), i)
-        for k, run in enumerate(e.transpose(sums)):
-            start, exists = cells.plane(k)
-            with builder.if_then(exists, likely=True):
-                e.store(run, cells.out, builder.add(start, cells.q0))
+        e.store_runs(sums, cells.out, cells.n, cells.c0, cells.q0)
         return context.get_dummy_value()
 
     intp = types.intp
@@ -156,15 +148,8 @@ def block_cell_(typingctx, xp, w, bias, out, n, c0, q):
 
     def codegen(context, builder, signature, args):
         cells = _Cells(context, builder, signature, args)
-        i = builder.sdiv(cells.q0, cells.out_w)
-        j = builder.sub(cells.q0, builder.mul(i, cells.out_w))
-        total = cells.sums(i, j)
-        for k in range(LANES):
-            start, exists = cells.plane(k)
-            with builder.if_then(exists, likely=True):
-                value = builder.extract_element(total, ir.Constant(ir.IntType(32), k))
-                at = builder.gep(cells.out.data, [builder.add(start, cells.q0)])
-                builder.store(value, at, align=4)
+        total = cells.sums(*cells.row_column())
+        cells.e.store_lanes(total, cells.out, cells.n, cells.c0, cells.q0)
         return context.get_dummy_value()
 
     intp = types.intp

@@ -67,9 +67,7 @@ class _Stem:
         _, self.channels, self.height, self.width = cgutils.unpack_tuple(
             builder, self.x.shape, 4
         )
-        _, self.outputs, self.out_h, self.out_w = cgutils.unpack_tuple(
-            builder, self.out.shape, 4
-        )
+        self.out_w = cgutils.unpack_tuple(builder, self.out.shape, 4)[3]
         vector = e.vector
         self.fused = builder.module.declare_intrinsic(
             f"llvm.fmuladd.v{LANES}f32", (), ir.FunctionType(vector, [vector] * 3)
@@ -122,11 +120,9 @@ class _Stem:
                     t += 1
         return e.activate(total, ACTIVATION, SIXTH)
 
-    def plane_row(self, k):
-        # the flat index of out[n, k, i, 0]
-        e = self.e
-        plane = e.index((self.n, self.outputs), k)
-        return e.index((e.index((plane, self.out_h), self.i), self.out_w))
+    def cell(self, j):
+        # the flat index of (i, j) in an output plane
+        return self.e.index((self.i, self.out_w), j)
 
 
 def _typed(x, w, bias, out):
@@ -148,14 +144,7 @@ def stem_pixels_(typingctx, x, w, bias, out, n, i, j0, j1, top, left):
         with cgutils.for_range(builder, count, intp=e.intp) as column:
             j = builder.add(column.index, stem.j0)
             total = stem.pixel(j, checked=True)
-            for k in range(LANES):
-                channel = e.const(k)
-                inside = builder.icmp_signed("<", channel, stem.outputs)
-                with builder.if_then(inside, likely=True):
-                    at = builder.add(stem.plane_row(channel), j)
-                    lane = ir.Constant(ir.IntType(32), k)
-                    value = builder.extract_element(total, lane)
-                    builder.store(value, builder.gep(stem.out.data, [at]), align=4)
+            e.store_lanes(total, stem.out, stem.n, e.const(0), stem.cell(j))
         return context.get_dummy_value()
 
     intp = types.intp
@@ -176,11 +165,7 @@ def stem_block_(typingctx, x, w, bias, out, n, i, j0, j1, top, left):
             stem.pixel(builder.add(stem.j0, e.const(p)), checked=False)
             for p in range(LANES)
         ]
-        for k, run in enumerate(e.transpose(pixels)):
-            channel = e.const(k)
-            inside = builder.icmp_signed("<", channel, stem.outputs)
-            with builder.if_then(inside, likely=True):
-                e.store(run, stem.out, builder.add(stem.plane_row(channel), stem.j0))
+        e.store_runs(pixels, stem.out, stem.n, e.const(0), stem.cell(stem.j0))
         return context.get_dummy_value()
 
     intp = types.intp

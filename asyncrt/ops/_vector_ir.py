@@ -76,6 +76,39 @@ class _Emit:
     def store(self, value, array, index):
         self.b.store(value, self.address(array, index), align=4)
 
+    def plane(self, out, n, channel):
+        # the flat index of out[n, channel, 0, 0] (4-D, NCHW)
+        _, channels, height, width = cgutils.unpack_tuple(self.b, out.shape, 4)
+        return self.index((self.index((n, channels), channel), height, width))
+
+    def _each_channel(self, out, n, c0, store):
+        # store(k, plane start) for each lane k whose channel c0 + k out has
+        channels = cgutils.unpack_tuple(self.b, out.shape, 4)[1]
+        for k in range(self.vector.count):
+            channel = self.b.add(c0, self.const(k))
+            inside = self.b.icmp_signed("<", channel, channels)
+            with self.b.if_then(inside, likely=True):
+                store(k, self.plane(out, n, channel))
+
+    def store_lanes(self, vector, out, n, c0, cell):
+        # lane k of vector into out[n, c0 + k] at flat cell of its plane
+        def store(k, start):
+            value = self.b.extract_element(vector, ir.Constant(ir.IntType(32), k))
+            at = self.b.gep(out.data, [self.b.add(start, cell)])
+            self.b.store(value, at, align=4)
+
+        self._each_channel(out, n, c0, store)
+
+    def store_runs(self, vectors, out, n, c0, cell):
+        # vectors[p]: channels c0.. of plane cell + p; transposed, each
+        # channel's run of cells into out[n, c0 + k] from flat cell
+        runs = self.transpose(vectors)
+
+        def store(k, start):
+            self.store(runs[k], out, self.b.add(start, cell))
+
+        self._each_channel(out, n, c0, store)
+
     def activate(self, v, activation, sixth):
         # the library's expressions (_conv_epilogue.EXPRESSIONS), lane-wise:
         # "none", "relu", "hard_swish" (sixth: float32(1 / 6))
