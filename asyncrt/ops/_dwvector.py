@@ -40,7 +40,6 @@ only; float64 keeps numba's loop.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
 import os
 from collections.abc import Callable
@@ -51,19 +50,16 @@ import numpy as np
 from . import _jit, _scratch
 from ._common import Array
 from ._conv_epilogue import ACTIVATIONS
-from ._vector_ir import PREAMBLE
+from ._vector_ir import compile_vectors
 
 __all__ = ("bind", "lanes", "takes")
 
 _FLOAT32 = np.dtype(np.float32)
 
 
-_SOURCE = (
-    PREAMBLE
-    + """
+_SOURCE = """
 KH, KW, SH, SW, DH, DW, LANES = {geometry}
 ACTIVATION = "{activation}"
-SIXTH = {sixth}
 
 
 class _Cells:
@@ -105,7 +101,7 @@ class _Cells:
         for weight, offset in zip(self.weights, self.offsets):
             tap = e.load(self.x, b.add(corner, offset))
             total = b.fadd(total, b.fmul(weight, tap))
-        return e.activate(total, ACTIVATION, SIXTH)
+        return e.activate(total, ACTIVATION)
 
 
 
@@ -173,7 +169,6 @@ def kernel(xp, w, bias, out, first, last):
                 block_cell_(xp, w, bias, out, n, c0, q)
                 q += 1
 """
-)
 
 
 def _pixel_stride(blocks: int) -> int:
@@ -186,9 +181,7 @@ def _pixel_stride(blocks: int) -> int:
     return blocks + 16 if lines % 2 == 0 else blocks
 
 
-_LAYOUT_SOURCE = (
-    PREAMBLE
-    + """
+_LAYOUT_SOURCE = """
 LANES = {lanes}
 
 
@@ -257,7 +250,6 @@ def to_pixels(x, pixels, top, left, blocks):
                     w = p - h * width
                     pixels[n, top + h, left + w, c] = x[n, min(c, last), h, w]
 """
-)
 
 
 #: Channels and cells the layout copies move as one tile, transposed in
@@ -273,9 +265,9 @@ def _to_pixels(vector: int) -> Callable[..., None]:
     """``to_pixels(x, pixels, top, left, blocks)`` compiled: NCHW into the
     padded channels-last buffer, in tiles of ``vector`` x ``vector``
     transposed in registers."""
-    text = _LAYOUT_SOURCE.replace("{lanes}", str(vector))
-    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-    return _jit.compile_source("asyncrt_dwlayout_" + digest, text, "to_pixels")
+    return compile_vectors(
+        "asyncrt_dwlayout", _LAYOUT_SOURCE, "to_pixels", lanes=vector
+    )
 
 
 @functools.cache
@@ -297,13 +289,9 @@ def lanes() -> int:
 def _kernel(geometry: tuple[int, ...], activation: str) -> Callable[..., None]:
     """The loop for ``(KH, KW, SH, SW, DH, DW, LANES)`` and ``activation``,
     compiled (or loaded from numba's disk cache)."""
-    text = (
-        _SOURCE.replace("{geometry}", ", ".join(map(str, geometry)))
-        .replace("{activation}", activation)
-        .replace("{sixth}", repr(float(np.float32(1 / 6))))
+    return compile_vectors(
+        "asyncrt_dwvector", _SOURCE, "kernel", geometry=geometry, activation=activation
     )
-    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-    return _jit.compile_source("asyncrt_dwvector_" + digest, text, "kernel")
 
 
 def takes(x: Array, w: Array) -> bool:

@@ -23,7 +23,6 @@ strides 1 and 2.
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Callable
 
 import numpy as np
@@ -31,7 +30,7 @@ import numpy as np
 from ..runtime import _threads
 from . import _dwvector, _jit, _jitmath
 from ._common import Array
-from ._vector_ir import PREAMBLE
+from ._vector_ir import compile_vectors
 
 __all__ = ("MIN_WORK_PER_THREAD", "bind", "takes")
 
@@ -40,8 +39,7 @@ __all__ = ("MIN_WORK_PER_THREAD", "bind", "takes")
 MIN_WORK_PER_THREAD = 2_000_000
 
 _SOURCE = (
-    PREAMBLE
-    + "\n".join(_jitmath.head()[1:])
+    "\n".join(_jitmath.head()[1:])
     + """
 KH, KW, SH, SW, LANES = {geometry}
 REDUCE = "{reduce}"
@@ -161,10 +159,9 @@ def kernel(x, scale, out, first, last, top, left):
 def _kernel(geometry: tuple[int, ...], reduce: str) -> Callable[..., None]:
     """The loop for ``(KH, KW, SH, SW, LANES)`` and ``reduce`` (``"max"``
     or ``"sum"``), compiled (or loaded from numba's disk cache)."""
-    text = _SOURCE.replace("{geometry}", ", ".join(map(str, geometry)))
-    text = text.replace("{reduce}", reduce)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-    return _jit.compile_source("asyncrt_poolvector_" + digest, text, "kernel")
+    return compile_vectors(
+        "asyncrt_poolvector", _SOURCE, "kernel", geometry=geometry, reduce=reduce
+    )
 
 
 def takes(

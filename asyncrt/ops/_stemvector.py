@@ -25,7 +25,6 @@ input channel, row, column).
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Callable
 
 import numpy as np
@@ -34,7 +33,7 @@ from ..runtime import _threads
 from . import _dwvector, _jit
 from ._common import Array
 from ._conv_epilogue import ACTIVATIONS
-from ._vector_ir import PREAMBLE
+from ._vector_ir import compile_vectors
 
 __all__ = ("MAX_TAPS", "MIN_PIXELS", "MIN_WORK_PER_THREAD", "bind", "takes")
 
@@ -49,12 +48,9 @@ MIN_PIXELS = 4096
 #: Multiply-adds each kernel thread gets at least before the rows are split.
 MIN_WORK_PER_THREAD = 2_000_000
 
-_SOURCE = (
-    PREAMBLE
-    + """
+_SOURCE = """
 CIN, KH, KW, SH, SW, DH, DW, LANES = {geometry}
 ACTIVATION = "{activation}"
-SIXTH = {sixth}
 
 
 class _Stem:
@@ -118,7 +114,7 @@ class _Stem:
                     broadcast = b.shuffle_vector(lane, undefined, spread)
                     total = b.call(self.fused, [self.weights[t], broadcast, total])
                     t += 1
-        return e.activate(total, ACTIVATION, SIXTH)
+        return e.activate(total, ACTIVATION)
 
     def cell(self, j):
         # the flat index of (i, j) in an output plane
@@ -193,20 +189,19 @@ def kernel(x, w, bias, out, first, last, top, left):
                 j += LANES
             stem_pixels_(x, w, bias, out, n, i, j, out_w, top, left)
 """
-)
 
 
 @functools.cache
 def _kernel(geometry: tuple[int, ...], activation: str) -> Callable[..., None]:
     """The loop for ``(CIN, KH, KW, SH, SW, DH, DW, LANES)`` and
     ``activation``, compiled (or loaded from numba's disk cache)."""
-    text = (
-        _SOURCE.replace("{geometry}", ", ".join(map(str, geometry)))
-        .replace("{activation}", activation)
-        .replace("{sixth}", repr(float(np.float32(1 / 6))))
+    return compile_vectors(
+        "asyncrt_stemvector",
+        _SOURCE,
+        "kernel",
+        geometry=geometry,
+        activation=activation,
     )
-    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-    return _jit.compile_source("asyncrt_stemvector_" + digest, text, "kernel")
 
 
 def takes(x: Array, w: Array, out: Array, group: int) -> bool:

@@ -6,15 +6,25 @@ LLVM vectorises numba's loops only where it can prove that arrays do not
 overlap, and numba marks none ``noalias``: a loop that reads several
 arrays and writes one checks the overlap at run time (or stays scalar),
 and cannot keep values in registers across its stores. An intrinsic
-writes the vectors itself. :data:`PREAMBLE` starts every such module:
-its imports, a type check for float32 C-contiguous arrays, and ``_Emit``,
-the IR for intp index arithmetic and unaligned vector loads and stores at
-flat element indices.
+writes the vectors itself. :data:`PREAMBLE` starts every such module
+(:func:`compile_vectors` puts it there): its imports, a type check for
+float32 C-contiguous arrays, and ``_Emit``, the IR for intp index
+arithmetic, unaligned vector loads and stores at flat element indices,
+NCHW stores of a vector's lanes or a tile's runs, register transposes and
+the convolutions' activations.
 """
 
 from __future__ import annotations
 
-__all__ = ("PREAMBLE",)
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import _jit
+
+__all__ = ("PREAMBLE", "compile_vectors")
 
 PREAMBLE = """
 import numba
@@ -22,6 +32,8 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+SIXTH = {sixth}  # float32(1 / 6), as hard-swish has it
 
 
 def _is_float_array(a, ndim):
@@ -109,9 +121,9 @@ class _Emit:
 
         self._each_channel(out, n, c0, store)
 
-    def activate(self, v, activation, sixth):
+    def activate(self, v, activation):
         # the library's expressions (_conv_epilogue.EXPRESSIONS), lane-wise:
-        # "none", "relu", "hard_swish" (sixth: float32(1 / 6))
+        # "none", "relu", "hard_swish"
         b = self.b
 
         def clamp_below(v, bound):  # bound if v < bound, else v (NaN stays)
@@ -120,7 +132,7 @@ class _Emit:
         if activation == "relu":
             return clamp_below(v, self.splat(0.0))
         if activation == "hard_swish":
-            t = b.fadd(b.fmul(v, self.splat(sixth)), self.splat(0.5))
+            t = b.fadd(b.fmul(v, self.splat(SIXTH)), self.splat(0.5))
             t = clamp_below(t, self.splat(0.0))
             one = self.splat(1.0)
             t = b.select(b.fcmp_ordered(">", t, one), one, t)
@@ -148,3 +160,20 @@ class _Emit:
             s <<= 1
         return rows
 """
+PREAMBLE = PREAMBLE.replace("{sixth}", repr(float(np.float32(1 / 6))))
+
+
+def compile_vectors(
+    prefix: str, source: str, function: str, **values: Any
+) -> Callable[..., Any]:
+    """``function`` of :data:`PREAMBLE` plus ``source``, each ``{name}`` in
+    ``source`` replaced by ``values[name]`` (tuples as comma-separated
+    items), compiled (or loaded from numba's disk cache): one module per
+    distinct text, named ``prefix`` and its digest."""
+    text = source
+    for name, value in values.items():
+        item = ", ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        text = text.replace("{" + name + "}", item)
+    text = PREAMBLE + text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+    return _jit.compile_source(f"{prefix}_{digest}", text, function)
