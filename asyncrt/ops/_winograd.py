@@ -1,4 +1,5 @@
-"""3 x 3 stride-1 convolution by Winograd's minimal filtering, F(2 x 2, 3 x 3).
+"""3 x 3 stride-1 convolution by Winograd's minimal filtering, F(2 x 2, 3 x 3)
+and, for float32 with parameters for weights, F(4 x 4, 3 x 3).
 
 Each 2 x 2 tile of the output is ``A^T [(G g G^T) * (B^T d B)] A`` for the
 4 x 4 input tile ``d`` under it and the 3 x 3 kernel ``g`` (Lavin and Gray,
@@ -9,6 +10,11 @@ tiles)``: 2.25x fewer multiply-adds than im2col's one GEMM, for two passes
 over memory (the input transform writes ``V``, the output transform reads
 ``M`` and writes the output with the bias and ReLU).
 
+* **F(4 x 4, 3 x 3)** (:mod:`asyncrt.ops._winograd4`): the same steps
+  over 6 x 6 input tiles, 36 GEMMs of a quarter of im2col's multiply-adds,
+  transforms in explicit vectors. Taken where float32 weights are packed
+  once and the output rows hold vectors of four tiles or more
+  (:func:`_tile`, :data:`MIN_TILES_4`).
 * **Weights packed once.** ``U = G g G^T`` depends on the weights alone.
   Bound to parameters (the dispatcher says which arrays are:
   :class:`~scheduler.dispatch.Bindable`'s ``constant``), they are
@@ -39,6 +45,11 @@ im2col kernel, each alone): 64 channels of 56 x 56 2.0 -> 1.3 ms, 128 of
 28 x 28 1.6 -> 1.1, 256 of 14 x 14 1.7 -> 0.9; 512 of 7 x 7 2.3 -> 1.9
 alone but no faster inside the model (:data:`MIN_TILES`). The whole model
 (``bench/bench_winograd.py``, interleaved in one process): 31.8 -> 25.9 ms.
+F(4 x 4, 3 x 3) against F(2 x 2, 3 x 3), alone: 64 channels of 56 x 56
+1.40-1.48 -> 0.78-0.82 ms, 128 of 28 x 28 1.16-1.23 -> 0.77-0.81 ms, 64 of
+112 x 112 6.7 -> 3.9 ms; 256 of 16 x 16 (16 tiles) 1.28 -> 1.39 ms, slower
+(its packed weights, 36 / 9 of the weights, read each call): below
+:data:`MIN_TILES_4`. ResNet-18 beside ONNX Runtime: 1.50x -> 1.25x.
 """
 
 from __future__ import annotations
@@ -54,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime import _threads
-from . import _common, _jit, _scratch
+from . import _common, _jit, _scratch, _winograd4
 from ._common import Array
 from ._im2col import CHUNK_BYTES
 
@@ -77,6 +88,10 @@ MIN_CHANNELS = 32
 #: channels) measured no faster than im2col, their transformed weights
 #: (16 MB a layer, 16 / 9 of the weights) read from memory every call.
 MIN_TILES = 36
+
+#: Tiles of F(4 x 4, 3 x 3) (over the batch) at least, for it to be
+#: chosen over F(2 x 2, 3 x 3).
+MIN_TILES_4 = 36
 
 #: Weights that are not parameters are transformed per call, where the
 #: GEMMs have at least this many columns: transforming ``K * C`` weights
@@ -159,18 +174,19 @@ _packed: weakref.WeakValueDictionary[tuple[Any, ...], Any] = (
 _packed_lock = threading.Lock()
 
 
-def packed(w: Array) -> Array:
-    """:func:`pack` of ``w``, shared with every other binding to weights of
-    the same values (run contexts of one executor bind the same parameters):
-    kept while a binding holds it, keyed by the weights' digest."""
+def packed(w: Array, tile: int = 2) -> Array:
+    """:func:`pack` of ``w`` (``tile`` 4: :func:`_winograd4.pack`), shared
+    with every other binding to weights of the same values (run contexts of
+    one executor bind the same parameters): kept while a binding holds it,
+    keyed by the weights' digest."""
     contiguous = np.ascontiguousarray(w)
     digest = hashlib.sha256(contiguous.view(np.uint8).data).digest()
-    key = (w.shape, w.dtype.str, digest)
+    key = (tile, w.shape, w.dtype.str, digest)
     with _packed_lock:
         found = _packed.get(key)
     if found is not None:
         return found
-    u = pack(contiguous)
+    u = (_winograd4.pack if tile == 4 else pack)(contiguous)
     u.flags.writeable = False
     with _packed_lock:
         return _packed.setdefault(key, u)
@@ -347,6 +363,24 @@ def _tiles_out(  # pragma: no cover - compiled by numba
                         out[image, k, i + 1, j] = below[at + j]
 
 
+def _tile(x: Array, bias: Array | None, out: Array, constant_weights: bool) -> int:
+    """The output tile's side: 4 (F(4 x 4, 3 x 3), :mod:`._winograd4`) for
+    float32 weights packed once, where the input and output rows hold
+    vectors of at least four tiles and the batch :data:`MIN_TILES_4` tiles;
+    else 2."""
+    n, _, out_h, out_w = out.shape
+    tiles = n * -(-out_h // 4) * -(-out_w // 4)
+    return (
+        4
+        if constant_weights
+        and x.dtype == np.float32
+        and (bias is None or bias.flags.c_contiguous)
+        and _winograd4.lanes_for(out_w // 4) >= 4
+        and tiles >= MIN_TILES_4
+        else 2
+    )
+
+
 def bind_winograd(
     x: Array,
     w: Array,
@@ -374,35 +408,50 @@ def bind_winograd(
     n, c = x.shape[:2]
     k = w.shape[0]
     out_h, out_w = out.shape[2:]
-    tiles_h, tiles_w = (out_h + 1) // 2, (out_w + 1) // 2
+    tile = _tile(x, bias, out, constant_weights)
+    tiles_h, tiles_w = -(-out_h // tile), -(-out_w // tile)
     tiles = tiles_h * tiles_w
     if n * tiles < (MIN_TILES if constant_weights else PER_CALL_MIN_TILES):
         return None
+    positions = (tile + 2) ** 2
     dtype = x.dtype
-    per_image = 16 * max(c, k) * tiles * dtype.itemsize
+    per_image = positions * max(c, k) * tiles * dtype.itemsize
     chunk = max(1, min(n, CHUNK_BYTES // per_image))
     columns = chunk * tiles
     v_step, m_step = c * columns + PLANE_GAP, k * columns + PLANE_GAP
-    sizes = (16 * v_step, 16 * m_step)
-    own_u = None if constant_weights else np.empty((16, k, c), dtype)
-    u = packed(w) if constant_weights else own_u
+    sizes = (positions * v_step, positions * m_step)
+    own_u = None if constant_weights else np.empty((positions, k, c), dtype)
+    u = packed(w, tile) if constant_weights else own_u
     shift = np.zeros(k, dtype) if bias is None else bias
     work = n * k * c * 9 * out_h * out_w
     in_shares = _threads.shares(c, work // MIN_WORK_PER_THREAD)
     out_shares = _threads.shares(k, work // MIN_WORK_PER_THREAD)
-    planes = np.zeros((len(in_shares), 2 * tiles_h + 2, 2 * tiles_w + 2), dtype)
-    sums = np.empty((len(out_shares), 12 * tiles), dtype)
-    lines = np.empty((len(out_shares), 2, 2 * tiles), dtype)
     large = np.zeros((len(in_shares), 1), np.int64)
     unsigned = np.dtype(f"u{dtype.itemsize}")
     bits = x.view(unsigned)
     mantissa = np.finfo(dtype).nmant
     exponent = unsigned.type(np.finfo(dtype).maxexp * 2 - 1 << mantissa)
     # Inputs of 2**(maxexp - 3) or more (or not finite) take the exact
-    # kernel: the input transform sums four cells.
-    limit = unsigned.type(np.finfo(dtype).maxexp * 2 - 4 << mantissa)
-    into = _jit.compile_kernel(_tiles_in)
-    back = _jit.compile_kernel(_tiles_out)
+    # kernel: F(2 x 2)'s input transform sums four cells, F(4 x 4)'s
+    # scales by up to 100 (2**(maxexp - 8)).
+    margin = 4 if tile == 2 else 9
+    limit = unsigned.type(np.finfo(dtype).maxexp * 2 - margin << mantissa)
+    if tile == 4:
+        lanes_in = _winograd4.lanes_for(tiles_w)
+        lanes_out = _winograd4.lanes_for(out_w // 4)
+        into, back = _winograd4.transforms(lanes_in, lanes_out)
+        # rows of whole tiles, and a vector's slack past the last column
+        plane = (4 * tiles_h + 2, 4 * tiles_w + lanes_in)
+        planes = np.zeros((len(in_shares), *plane), dtype)
+        out_scratch: tuple[Array, ...] = ()
+    else:
+        into = _jit.compile_kernel(_tiles_in)
+        back = _jit.compile_kernel(_tiles_out)
+        planes = np.zeros((len(in_shares), 2 * tiles_h + 2, 2 * tiles_w + 2), dtype)
+        out_scratch = (
+            np.empty((len(out_shares), 12 * tiles), dtype),  # sums
+            np.empty((len(out_shares), 2, 2 * tiles), dtype),  # lines
+        )
     pad_h, pad_w = begin
 
     Steps = list[tuple[Callable[[], None], Callable[[], None], Callable[[], None]]]
@@ -411,8 +460,8 @@ def bind_winograd(
         """The input transform, the GEMMs and the output transform of each
         chunk of the batch, through ``flat`` scratch."""
         v_flat, m_flat = flat[: sizes[0]], flat[sizes[0] :]
-        v_all = _planes(16, c, columns, dtype, v_flat)
-        m_all = _planes(16, k, columns, dtype, m_flat)
+        v_all = _planes(positions, c, columns, dtype, v_flat)
+        m_all = _planes(positions, k, columns, dtype, m_flat)
         made: Steps = []
         for start in range(0, n, chunk):
             size = min(chunk, n - start)
@@ -428,9 +477,9 @@ def bind_winograd(
             )
             transform_out = _jit.bind_parts(
                 back,
-                (m_flat, m_step, columns, shift, out[images], sums, lines),
+                (m_flat, m_step, columns, shift, out[images], *out_scratch),
                 out_shares,
-                per_part=frozenset({5, 6}),
+                per_part=frozenset(range(5, 5 + len(out_scratch))),
                 trailing=(relu,),
             )
             gemms = functools.partial(np.matmul, u, v, out=m)
@@ -439,7 +488,7 @@ def bind_winograd(
 
     def run(steps: Steps) -> None:
         if own_u is not None:
-            pack(w, own_u)
+            (_winograd4.pack if tile == 4 else pack)(w, own_u)
         for transform_in, gemms, transform_out in steps:
             transform_in()
             if large.any():

@@ -1,8 +1,9 @@
-"""3 x 3 convolutions by Winograd's F(2 x 2, 3 x 3) against a float64
-reference: odd and even sizes, uneven and missing pads, batches in chunks,
-threads, bias and ReLU, weights packed once (parameters) or per call, kept
-or borrowed scratch; non-finite and huge inputs take the exact kernel; an
-executor whose parameters change sees the new weights."""
+"""3 x 3 convolutions by Winograd's F(2 x 2, 3 x 3) and F(4 x 4, 3 x 3)
+against a float64 reference: odd and even sizes, tiles cut by the output's
+edges, rows of every vector width, uneven and missing pads, batches in
+chunks, threads, bias and ReLU, weights packed once (parameters) or per
+call, kept or borrowed scratch; non-finite and huge inputs take the exact
+kernel; an executor whose parameters change sees the new weights."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from onnx import helper, numpy_helper
 
 from asyncrt import graph_executor
 from asyncrt.frontend import from_onnx
-from asyncrt.ops import _common, _im2col, _jit, _winograd
+from asyncrt.ops import _common, _im2col, _jit, _winograd, _winograd4
 from asyncrt.runtime import _threads
 
 from .conv_reference import conv_kernel, conv_reference
@@ -62,7 +63,22 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
     monkeypatch.setattr(_winograd, "bind_winograd", spy)
     monkeypatch.setattr(_winograd, "MIN_TILES", 1)
+    monkeypatch.setattr(_winograd, "MIN_TILES_4", 1)
     monkeypatch.setattr(_winograd, "PER_CALL_MIN_TILES", 1)
+    return seen
+
+
+@pytest.fixture
+def tiles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records the tile side chosen for every binding."""
+    seen: list[int] = []
+    choose = _winograd._tile
+
+    def spy(*args: Any) -> int:
+        seen.append(choose(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(_winograd, "_tile", spy)
     return seen
 
 
@@ -73,6 +89,7 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 def test_winograd_matches_the_reference(
     monkeypatch: pytest.MonkeyPatch,
     taken: list[bool],
+    tiles: list[int],
     xs: tuple[int, ...],
     k: int,
     pads: list[int],
@@ -80,6 +97,7 @@ def test_winograd_matches_the_reference(
     constant: bool,
     layout: str,
 ) -> None:
+    monkeypatch.setattr(_winograd, "MIN_TILES_4", 10**9)  # F(2 x 2) here
     if layout == "chunks":  # one image per chunk
         monkeypatch.setattr(_winograd, "CHUNK_BYTES", 1)
     elif layout == "threads":
@@ -98,6 +116,7 @@ def test_winograd_matches_the_reference(
         x, w, b, out, constant=frozenset({1}) if constant else frozenset()
     )
     assert taken == [True]
+    assert tiles == [2]
     call()
     # Within float rounding of the outputs' magnitude (as BLAS's order).
     tolerance = 1e-5 if dtype == np.float32 else 1e-12
@@ -110,6 +129,91 @@ def test_winograd_matches_the_reference(
     out.fill(np.nan)
     call()
     close(out, _reference(x, w, b, pads, relu), tolerance)
+
+
+CASES_4 = [
+    # x shape, k, pads: the rows' vectors (in, out) in the comment
+    ((1, 32, 16, 16), 32, [1, 1, 1, 1]),  # 4, 4: whole tiles, one block
+    ((2, 33, 19, 21), 40, [1, 1, 1, 1]),  # 4, 4: cut tiles, blocks overlap
+    ((1, 40, 30, 37), 33, [2, 0, 1, 2]),  # 8, 8: uneven pads
+    ((1, 32, 9, 70), 32, [1, 1, 1, 1]),  # 16, 16: a wide, short plane
+    ((3, 32, 16, 40), 36, [0, 0, 0, 0]),  # 8, 8 (38 wide): no pads
+]
+
+
+@pytest.mark.parametrize("layout", ["one chunk", "chunks", "threads", "borrowed"])
+@pytest.mark.parametrize(("xs", "k", "pads"), CASES_4)
+def test_four_by_four_tiles_match_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+    taken: list[bool],
+    tiles: list[int],
+    xs: tuple[int, ...],
+    k: int,
+    pads: list[int],
+    layout: str,
+) -> None:
+    """F(4 x 4, 3 x 3): float32 with parameters for weights, rows of at
+    least four tiles."""
+    if layout == "chunks":
+        monkeypatch.setattr(_winograd, "CHUNK_BYTES", 1)
+    elif layout == "threads":
+        monkeypatch.setattr(_winograd, "MIN_WORK_PER_THREAD", 1)
+        monkeypatch.setattr(_threads.limits, "compiled_threads", 2)
+    elif layout == "borrowed":
+        monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", 0)
+    rng = np.random.default_rng(len(xs) + k)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal((k, xs[1], 3, 3)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    relu = bool(k % 2)
+    want = _reference(x, w, b, pads, relu)
+    out = np.full(want.shape, np.nan, np.float32)
+    call = _kernel(pads, True, relu).bind(x, w, b, out, constant=frozenset({1}))
+    assert taken == [True]
+    assert tiles == [4]
+    call()
+    # G's sixths are rounded and the transforms scale by up to 8 (the
+    # module's note): within 3e-5 of the outputs' magnitude.
+    close(out, want, 3e-5)
+    x[...] = rng.standard_normal(xs)
+    out.fill(np.nan)
+    call()
+    close(out, _reference(x, w, b, pads, relu), 3e-5)
+
+
+def test_four_by_four_tiles_need_constant_float32_weights_and_wide_rows() -> None:
+    x = np.zeros((1, 32, 16, 16), np.float32)
+    out = np.zeros((1, 32, 16, 16), np.float32)
+    tile = _winograd._tile
+    assert tile(x, None, out, True) == 2  # 16 tiles: fewer than MIN_TILES_4
+    wide = np.zeros((1, 32, 32, 32), np.float32)
+    assert tile(wide, None, wide, True) == 4
+    assert tile(wide, None, wide, False) == 2  # weights transformed per call
+    assert tile(wide.astype(np.float64), None, wide, True) == 2
+    assert tile(wide, np.zeros(64, np.float32)[::2], wide, True) == 2  # strided bias
+    narrow = np.zeros((1, 32, 32, 15), np.float32)  # three whole tiles a row
+    assert tile(narrow, None, narrow, True) == 2
+
+
+def test_pack_4_is_g_w_g_transposed() -> None:
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    g = np.array(
+        [
+            [1 / 4, 0, 0],
+            [-1 / 6, -1 / 6, -1 / 6],
+            [-1 / 6, 1 / 6, -1 / 6],
+            [1 / 24, 1 / 12, 1 / 6],
+            [1 / 24, -1 / 12, 1 / 6],
+            [0, 0, 1],
+        ]
+    )
+    want = np.einsum("ai,kcij,bj->abkc", g, w.astype(np.float64), g).reshape(36, 3, 2)
+    packed = _winograd4.pack(w)
+    assert packed.dtype == np.float32
+    np.testing.assert_array_equal(packed, want.astype(np.float32))
+    assert _winograd.packed(w, 4) is _winograd.packed(w.copy(), 4)
+    assert _winograd.packed(w, 4) is not _winograd.packed(w, 2)
 
 
 def test_without_bias_and_relu(taken: list[bool]) -> None:
@@ -127,19 +231,36 @@ def test_without_bias_and_relu(taken: list[bool]) -> None:
     "value", [np.inf, -np.inf, np.nan, 2.0**125, -1.5 * 2.0**125], ids=repr
 )
 @pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("size", [10, 16])  # tiles of 2 x 2, 4 x 4
 def test_non_finite_and_huge_inputs_take_the_exact_kernel(
-    taken: list[bool], value: float, relu: bool
+    taken: list[bool], tiles: list[int], value: float, relu: bool, size: int
 ) -> None:
     """The transforms would turn an infinity into NaN (inf - inf) and could
     overflow on huge values: such calls give what im2col gives, bit for bit."""
+    _exact_for_one_value(value, relu, size)
+    assert taken == [True]
+    assert tiles == [2 if size < 16 else 4]
+
+
+def test_four_by_four_tiles_leave_smaller_values_to_the_exact_kernel(
+    taken: list[bool], tiles: list[int]
+) -> None:
+    """F(4 x 4)'s input transform scales by up to 100: 2**121 takes the
+    exact kernel there (F(2 x 2) would keep it)."""
+    _exact_for_one_value(2.0**121, True, 16)
+    assert tiles == [4]
+
+
+def _exact_for_one_value(value: float, relu: bool, size: int) -> None:
+    """A convolution of ``size`` x ``size`` planes with one input cell set to
+    ``value`` gives im2col's result, bit for bit."""
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((1, 32, 10, 10)).astype(np.float32)
+    x = rng.standard_normal((1, 32, size, size)).astype(np.float32)
     x[0, 3, 4, 5] = value
     w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
     b = rng.standard_normal(32).astype(np.float32)
-    out = np.empty((1, 32, 10, 10), np.float32)
+    out = np.empty((1, 32, size, size), np.float32)
     _kernel([1, 1, 1, 1], True, relu).bind(x, w, b, out, constant=frozenset({1}))()
-    assert taken == [True]
     exact = np.empty_like(out)
     _im2col.conv_stride1(
         np, x, w, b, exact, 1, (1, 1), (1, 1), activation="relu" if relu else "none"
