@@ -143,7 +143,16 @@ _NOT_FLOAT = {
     "logical_xor",
     "logical_not",
 }
-_SPECIAL = {"matmul", "dense", "softmax", "where", "cast", "reduce_sum", "isnan"}
+_SPECIAL = {
+    "matmul",
+    "dense",
+    "softmax",
+    "where",
+    "cast",
+    "reduce_sum",
+    "isnan",
+    "nonzero",
+}
 
 
 def builtin_cases() -> list[Case]:
@@ -208,6 +217,9 @@ def builtin_cases() -> list[Case]:
             Case(f"cast->f16 {shape}", "cast", None, [x], [np.empty(shape, np.float16)])
         )
         cond = _rand(*shape) > 0
+        # (ndim, count) coordinates of the nonzero cells, about half of them
+        coordinates = np.empty((len(shape), int(cond.sum())), np.int64)
+        cases.append(Case(f"nonzero {shape}", "nonzero", None, [cond], [coordinates]))
         cases.append(
             Case(
                 f"where {shape}",

@@ -21,9 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
+from . import _jit
 from ._common import Array, choice, integer
 from ._library import Attrs, builtin, define
 
@@ -176,8 +178,51 @@ def _scatter_elements(xp: ModuleType, attrs: Attrs) -> Kernel:
 @builtin("nonzero")
 def _nonzero(xp: ModuleType) -> Kernel:
     def nonzero(a: Array, out: Array) -> None:
-        if a.ndim:  # a scalar has no coordinates: its output is (0, count)
-            for axis, coordinates in enumerate(xp.nonzero(a)):
-                out[axis] = coordinates
+        if not a.ndim:  # a scalar has no coordinates: its output is (0, count)
+            return
+        if (
+            xp is np
+            and a.flags.c_contiguous
+            and a.dtype.kind in "biuf"
+            and out.dtype == np.int64
+            and out.flags.c_contiguous
+            and _jit.available()
+        ):
+            # one compiled pass (numpy's nonzero of 786k cells, then the
+            # copies into out: 8.5 ms; this: well under one)
+            rows = a.reshape(-1, a.shape[-1]) if a.size else a.reshape(0, 1)
+            lead = np.array(a.shape[:-1], np.int64)
+            _jit.compile_kernel(_nonzero_rows)(rows, lead, out)
+            return
+        for axis, coordinates in enumerate(xp.nonzero(a)):
+            out[axis] = coordinates
 
     return nonzero
+
+
+def _nonzero_rows(rows: Any, lead: Any, out: Any) -> None:  # pragma: no cover
+    """``out[:, n]``: the coordinates of the ``n``-th nonzero cell (row-major
+    order, as ``np.nonzero``) of an array viewed as ``rows`` (its last axis
+    kept) whose leading axes are ``lead``; compiled by numba."""
+    depth = lead.size
+    at = np.zeros(depth, np.int64)  # the row's leading coordinates
+    found = np.empty(rows.shape[1] + 1, np.int64)
+    n = 0
+    for r in range(rows.shape[0]):
+        # Each column written, the count advanced by the test: no branch
+        # (on random data a branch per cell mispredicts half the time).
+        here = 0
+        for j in range(rows.shape[1]):
+            found[here] = j
+            here += rows[r, j] != 0
+        for d in range(depth):
+            out[d, n : n + here] = at[d]
+        out[depth, n : n + here] = found[:here]
+        n += here
+        d = depth - 1
+        while d >= 0:  # the next row's coordinates: count up, carrying
+            at[d] += 1
+            if at[d] < lead[d]:
+                break
+            at[d] = 0
+            d -= 1

@@ -13,6 +13,7 @@ from asyncrt import graph_executor
 from asyncrt.errors import NodeFailedError
 from asyncrt.frontend import from_onnx
 from asyncrt.graph import SymbolicGraph
+from asyncrt.ops._library import global_namespace_func
 
 from .single_node import node_model, run_asyncrt, run_reference
 
@@ -184,3 +185,28 @@ def test_folding_in_rounds_equals_ufunc_at(ufunc: np.ufunc) -> None:
     np.testing.assert_array_equal(got, want)
     _fold_in_rounds(np, ufunc, got, targets[:0], values[:0])  # nothing to fold
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [
+        ((7,), np.float32),
+        ((3, 5), np.bool_),
+        ((2, 3, 4, 5), np.float32),
+        ((4, 1, 6), np.int64),
+        ((2, 0, 3), np.float32),  # no cells
+        ((3, 4), np.float64),
+    ],
+)
+def test_nonzero_kernel_gives_numpys_coordinates(shape: Any, dtype: Any) -> None:
+    """The compiled pass and numpy's ``nonzero`` agree, NaN counting as
+    nonzero, in row-major order."""
+    kernel = global_namespace_func("nonzero", "numpy")
+    rng = np.random.default_rng(len(shape))
+    a = (rng.standard_normal(shape) * (rng.random(shape) < 0.4)).astype(dtype)
+    if dtype == np.float32 and a.size:
+        a.reshape(-1)[-1] = np.nan
+    want = np.array(np.nonzero(a), np.int64).reshape(len(shape), -1)
+    out = np.full(want.shape, -1, np.int64)
+    kernel(a, out)
+    np.testing.assert_array_equal(out, want)
