@@ -90,8 +90,10 @@ def bind_strided(
     # cells at each offset modulo the stride, one strided copy of the input
     # in all): every tap's cells are then a window of one phase, rows of
     # contiguous cells, not a stride-2 walk per tap.
-    phased = any(s > 1 for s in strides)
-    # (only the phases some tap reads: a 1x1 kernel reads one)
+    # One tap (a 1x1 kernel) reads one strided window: copied straight into
+    # the column matrix, no phase first.
+    phased = any(s > 1 for s in strides) and len(taps) > 1
+    # (only the phases some tap reads)
     phases = sorted(
         {
             tuple(t * d % s for t, d, s in zip(tap, dilations, strides, strict=True))
@@ -113,26 +115,23 @@ def bind_strided(
         )
         for phase in phases
     ]
-    # tap -> (its phase's index, its window of that phase)
-    windows = [
-        (
-            phases.index(
-                tuple(
-                    t * d % s for t, d, s in zip(tap, dilations, strides, strict=True)
-                )
-            ),
-            (
+
+    def window(tap: tuple[int, ...]) -> tuple[int, tuple[slice, ...]]:
+        """The tap's phase (its index) and its window of that phase; with
+        no phases, 0 and its strided window of the padded input."""
+        geometry = list(zip(tap, dilations, strides, out_spatial, strict=True))
+        if not phased:
+            return 0, (
                 *everything,
-                *(
-                    slice(t * d // s, t * d // s + o)
-                    for t, d, s, o in zip(
-                        tap, dilations, strides, out_spatial, strict=True
-                    )
-                ),
-            ),
+                *(slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, s, o in geometry),
+            )
+        phase = tuple(t * d % s for t, d, s, _ in geometry)
+        return phases.index(phase), (
+            *everything,
+            *(slice(t * d // s, t * d // s + o) for t, d, s, o in geometry),
         )
-        for tap in taps
-    ]
+
+    windows = [window(tap) for tap in taps]
     positions = math.prod(out_spatial)
     weights = w.reshape(group, m // group, -1)
     result = out.reshape(n, group, m // group, positions)

@@ -250,7 +250,8 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
                 return None
         begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
         bias = rest[0] if has_bias else None
-        if _row_chunks.takes(x, w, out, group):
+        # (a 1x1 kernel has no rows to gather: one strided copy does)
+        if math.prod(geometry.kernel) > 1 and _row_chunks.takes(x, w, out, group):
             return _row_chunks.bind_row_chunks(
                 x,
                 w,
