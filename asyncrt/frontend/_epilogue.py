@@ -11,7 +11,8 @@ as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
   exports ``GELU(approximate="tanh")`` (``Pow(y, 3) -> Mul(0.044715) ->
   Add(y) -> Mul(sqrt(2/pi)) -> Tanh -> Add(1)``, times ``Mul(y, 0.5)``;
   the cube may also be ``(y * y) * y``, as hand-written GELUs have it),
-  as ``activation="gelu_tanh"``.
+  as ``activation="gelu_tanh"``; ONNX's own ``Gelu`` node (opset 20)
+  joins it the same way (``approximate`` ``"none"`` or ``"tanh"``).
 * ``Add(X, R) -> LayerNormalization(Scale[, Bias])``, one output and the
   default stash type, becomes ``AddLayerNormalization(X, R, Scale[,
   Bias])``; where others read the sum too (a pre-LN block's next residual),
@@ -137,7 +138,12 @@ class _Fuser:
                 continue
             absorbed = [add_index]
             output, activation = add.output[0], "none"
-            for name, match in (("gelu", self.gelu), ("gelu_tanh", self.gelu_tanh)):
+            for name, match in (
+                ("gelu", self.gelu),
+                ("gelu_tanh", self.gelu_tanh),
+                ("gelu", self.gelu_node),
+                ("gelu_tanh", self.gelu_node_tanh),
+            ):
                 found = match(output)
                 if found is not None:
                     absorbed += found[0]
@@ -156,6 +162,27 @@ class _Fuser:
                 self.nodes[position] = None
             count += len(absorbed)
         return count
+
+    def gelu_node(self, y: str) -> tuple[list[int], str] | None:
+        """ONNX's ``Gelu`` (opset 20), exact, the only reader of ``y``."""
+        return self._gelu_op(y, "none")
+
+    def gelu_node_tanh(self, y: str) -> tuple[list[int], str] | None:
+        """ONNX's ``Gelu`` with ``approximate="tanh"``, the only reader of
+        ``y``."""
+        return self._gelu_op(y, "tanh")
+
+    def _gelu_op(self, y: str, approximate: str) -> tuple[list[int], str] | None:
+        try:
+            index, node = self.only_reader(y, "Gelu")
+        except LookupError:
+            return None
+        given = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        form = given.get("approximate", b"none")
+        form = form.decode() if isinstance(form, bytes) else str(form)
+        if form != approximate or len(node.output) != 1:
+            return None
+        return [index], str(node.output[0])
 
     def gelu(self, y: str) -> tuple[list[int], str] | None:
         """The nodes of ``0.5 * (y * (1 + erf(y / sqrt 2)))`` over ``y`` (its

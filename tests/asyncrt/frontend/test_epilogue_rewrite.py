@@ -514,3 +514,52 @@ def test_a_tanh_gelu_whose_square_is_read_elsewhere_keeps_its_nodes() -> None:
     assert ops[0] == "MatMulBias" and "Tanh" in ops and ops.count("Mul") >= 4
     x = np.random.default_rng(4).standard_normal((2, 5, 4)).astype(np.float32)
     _check(model, {"x": x})
+
+
+def _gelu_node_model(approximate: str | None, *, read_elsewhere: bool = False) -> Any:
+    """x (2, 5, 4) @ w (4, 6) + b -> ONNX's own Gelu (opset 20)."""
+    attrs = {} if approximate is None else {"approximate": approximate}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["p"], name="mm"),
+        helper.make_node("Add", ["p", "b"], ["y"], name="bias"),
+        helper.make_node("Gelu", ["y"], ["out"], name="gelu", **attrs),
+    ]
+    outputs = ["out", "y"] if read_elsewhere else ["out"]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 4])],
+        [
+            helper.make_tensor_value_info(o, TensorProto.FLOAT, [2, 5, 6])
+            for o in outputs
+        ],
+        [
+            numpy_helper.from_array(_f32(4, 6), "w"),
+            numpy_helper.from_array(_f32(6), "b"),
+        ],
+    )
+    return model_of(graph, 20)
+
+
+@pytest.mark.parametrize(
+    ("approximate", "activation"),
+    [(None, b"gelu"), ("none", b"gelu"), ("tanh", b"gelu_tanh")],
+)
+def test_onnx_gelu_nodes_join_the_matmul_bias(
+    approximate: str | None, activation: bytes
+) -> None:
+    model = _gelu_node_model(approximate)
+    done = rewrite(model)
+    assert _ops(done.model) == ["MatMulBias"]
+    fused = done.model.graph.node[0]
+    assert helper.get_attribute_value(fused.attribute[0]) == activation
+    assert list(fused.output) == ["out"]
+    x = np.random.default_rng(5).standard_normal((2, 5, 4)).astype(np.float32) * 2
+    _check(model, {"x": x})
+
+
+def test_a_gelu_node_whose_input_is_read_elsewhere_stays() -> None:
+    model = _gelu_node_model("none", read_elsewhere=True)
+    assert _ops(rewrite(model).model) == ["MatMulBias", "Gelu"]
+    x = np.random.default_rng(6).standard_normal((2, 5, 4)).astype(np.float32)
+    _check(model, {"x": x})
