@@ -20,7 +20,9 @@ over memory (the input transform writes ``V``, the output transform reads
   :class:`~scheduler.dispatch.Bindable`'s ``constant``), they are
   transformed when the kernel is bound and shared by every run context
   bound to the same values (:func:`packed`, keyed by their digest).
-  Weights computed by the graph are transformed per call, and only where
+  Parameters that are not finite take im2col (the transforms would mix an
+  infinity into NaN where a direct sum keeps it). Weights computed by the
+  graph are transformed per call, and only where
   that is small beside the convolution (:data:`PER_CALL_MIN_TILES`).
 * **Transforms compiled** (:mod:`asyncrt.ops._jit`), split over the
   kernel threads by channels where the convolution is large enough
@@ -374,7 +376,7 @@ def _tile(x: Array, bias: Array | None, out: Array, constant_weights: bool) -> i
         4
         if constant_weights
         and x.dtype == np.float32
-        and (bias is None or bias.flags.c_contiguous)
+        and (bias is None or (bias.dtype == np.float32 and bias.flags.c_contiguous))
         and _winograd4.lanes_for(out_w // 4) >= 4
         and tiles >= MIN_TILES_4
         else 2
@@ -412,6 +414,9 @@ def bind_winograd(
     tiles_h, tiles_w = -(-out_h // tile), -(-out_w // tile)
     tiles = tiles_h * tiles_w
     if n * tiles < (MIN_TILES if constant_weights else PER_CALL_MIN_TILES):
+        return None
+    if constant_weights and not np.isfinite(w).all():
+        # the transforms would mix an infinity into NaN: im2col's sums
         return None
     positions = (tile + 2) ** 2
     dtype = x.dtype

@@ -366,3 +366,25 @@ def test_weights_fed_as_inputs_are_transformed_each_run(taken: list[bool]) -> No
             (y,) = executor.run_sync(x=x, w=w)
             close(y, conv_reference(x, w, None, 1, [1, 1], [1] * 4, [1, 1]))
     assert taken and all(taken)
+
+
+@pytest.mark.parametrize("value", [np.inf, np.nan], ids=repr)
+def test_parameters_that_are_not_finite_take_im2col(
+    taken: list[bool], value: float
+) -> None:
+    """A transformed infinity meets its own negative (inf - inf): such
+    weights are bound to im2col, whose sums keep infinities as they are."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((1, 32, 16, 16)).astype(np.float32)
+    w = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    w[3, 4, 1, 2] = value
+    out = np.empty((1, 32, 16, 16), np.float32)
+    with np.errstate(invalid="ignore"):  # inf * 0 in BLAS's blocks
+        _kernel([1, 1, 1, 1], False, False).bind(x, w, out, constant=frozenset({1}))()
+    assert taken == [False]
+    want = conv_reference(x, w, None, 1, [1, 1], [1] * 4, [1, 1])
+    assert np.isnan(want).any() if value != value else np.isinf(want).any()
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(want))
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    finite = np.isfinite(want)
+    close(out[finite], want[finite])
