@@ -1,13 +1,15 @@
-"""Winograd's 3 x 3 convolutions on and off, interleaved in one process.
+"""Winograd's 3 x 3 convolutions off, F(2 x 2) only, and as bound by
+default (F(4 x 4) where it applies), interleaved in one process.
 
     flock /tmp/asyncrt-bench.lock .venv/bin/python bench/bench_winograd.py \\
         --model bench/models/resnet18.onnx --runs 60
 
-Two executors of the same model (the default one, and one bound with
+Three executors of the same model (one bound with
 :mod:`asyncrt.ops._winograd` refusing every convolution, so they take
-im2col), called in turn ``--runs`` times each: load on the machine falls on
-both alike. Prints each one's median and tenth percentile, their ratio, and
-the largest difference between their outputs (relative to the largest
+im2col; one with F(4 x 4, 3 x 3) refused; the default one), called in turn
+``--runs`` times each: load on the machine falls on all alike. Prints each
+one's median and tenth percentile, its ratio to im2col's, and the largest
+difference between its outputs and im2col's (relative to the largest
 output).
 """
 
@@ -46,14 +48,21 @@ def main() -> None:
         feed[value.name] = rng.standard_normal(shape).astype(np.float32)
     executors = {}
     outputs = {}
-    for name, channels in (("im2col", 1 << 30), ("winograd", _winograd.MIN_CHANNELS)):
-        saved = _winograd.MIN_CHANNELS
-        _winograd.MIN_CHANNELS = channels  # read when the kernels are bound
+    configurations = (
+        ("im2col", {"MIN_CHANNELS": 1 << 30}),
+        ("F(2x2)", {"MIN_TILES_4": 1 << 30}),
+        ("default", {}),
+    )
+    for name, settings in configurations:
+        saved = {key: getattr(_winograd, key) for key in settings}
+        for key, value in settings.items():  # read when kernels are bound
+            setattr(_winograd, key, value)
         try:
             executor = graph_executor.create(graph, None, "cpu", params=params)
             outputs[name] = [np.asarray(o) for o in executor.run_sync(**feed) or []]
         finally:
-            _winograd.MIN_CHANNELS = saved
+            for key, value in saved.items():
+                setattr(_winograd, key, value)
         executors[name] = executor
     times: dict[str, list[float]] = {name: [] for name in executors}
     for _ in range(a.runs):
@@ -61,22 +70,20 @@ def main() -> None:
             start = time.perf_counter()
             executor.run_sync(**feed)
             times[name].append(time.perf_counter() - start)
-    error = max(
-        float(np.abs(w - i).max()) / max(float(np.abs(i).max()), 1e-30)
-        for w, i in zip(outputs["winograd"], outputs["im2col"], strict=True)
-    )
     medians = {}
     for name, spans in times.items():
         spans.sort()
         medians[name] = spans[len(spans) // 2]
-        print(
-            f"{name:9s} median {medians[name] * 1e3:8.2f} ms"
-            f"  p10 {spans[len(spans) // 10] * 1e3:8.2f} ms"
+        error = max(
+            float(np.abs(o - i).max()) / max(float(np.abs(i).max()), 1e-30)
+            for o, i in zip(outputs[name], outputs["im2col"], strict=True)
         )
-    print(
-        f"winograd / im2col {medians['winograd'] / medians['im2col']:.3f}"
-        f"  (outputs differ by {error:.1e} of the largest)"
-    )
+        print(
+            f"{name:8s} median {medians[name] * 1e3:8.2f} ms"
+            f"  p10 {spans[len(spans) // 10] * 1e3:8.2f} ms"
+            f"  / im2col {medians[name] / medians['im2col']:.3f}"
+            f"  (outputs differ from im2col's by {error:.1e} of the largest)"
+        )
     for executor in executors.values():
         executor.close()
 
