@@ -46,6 +46,13 @@ CHUNK_BYTES = 1 << 20
 #: channels, 3 x 3 at stride 2, 56 x 56: 0.78x; 512 x 7 x 7 at stride 1:
 #: 0.76x; 64 x 14 x 14: 0.67x; ResNet's stem (147 deep): 1.04x.
 MIN_DEPTH = 64
+#: Images whose column matrices are whole chunks and whose planes have at
+#: most this many positions share one GEMM, up to :data:`GROUP_BYTES` of
+#: columns: ResNet-18's stride-2 convolutions at batch 8, 512 channels of
+#: 7 x 7 and 256 of 14 x 14 (a GEMM per image reads all the weights for 49
+#: or 196 columns).
+GROUP_MAX_POSITIONS = 100
+GROUP_BYTES = 1 << 23
 _DTYPES = _jit.FLOATS
 
 
@@ -155,6 +162,35 @@ def bind_row_chunks(
     epilogue = bind_bias_activation(np, out, bias_view, out, activation)
     copyto, matmul = np.copyto, np.matmul
 
+    positions = out_h * out_w
+    group = 1
+    if rows == out_h and n > 1 and positions <= GROUP_MAX_POSITIONS:
+        group = max(1, min(n, GROUP_BYTES // (depth * positions * x.itemsize)))
+    if group > 1:
+        # Whole images' columns side by side: one GEMM for the group (a
+        # plane's few positions make a narrow GEMM that reads all the
+        # weights per image), its products copied into the NCHW planes.
+        cols = np.empty((depth, group * positions), x.dtype)
+        result = np.empty((m, group * positions), x.dtype)
+        views = [cols[:, i * positions : (i + 1) * positions] for i in range(group)]
+        _jit.specialise(gather, (phases, views[0], taps, 0, out_h, out_w))
+
+        def grouped() -> None:
+            for start in range(0, n, group):
+                size = min(group, n - start)
+                for i in range(size):
+                    copyto(interior, x[start + i, :, :rows_in, :cols_in])
+                    for phase, pick in picks:
+                        copyto(phase, pick)
+                    gather(phases, views[i], taps, 0, out_h, out_w)
+                span = size * positions
+                matmul(weights, cols[:, :span], out=result[:, :span])
+                products = result[:, :span].reshape(m, size, positions)
+                copyto(planes[start : start + size].transpose(1, 0, 2), products)
+            epilogue()
+
+        return grouped
+
     def row_chunks() -> None:
         for image in range(n):
             copyto(interior, x[image, :, :rows_in, :cols_in])
@@ -168,3 +204,4 @@ def bind_row_chunks(
         epilogue()
 
     return row_chunks
+

@@ -24,6 +24,9 @@ CASES = [
     ((1, 16, 17, 17), (8, 16, 3, 3), [1, 1], [2, 2, 2, 2], [2, 2]),
     ((1, 3, 30, 30), (16, 3, 7, 7), [2, 2], [3, 3, 3, 3], [1, 1]),  # a stem
     ((1, 64, 9, 9), (32, 64, 3, 3), [1, 1], [0, 0, 0, 0], [1, 1]),
+    # small planes: images share a GEMM (in groups of two, the last alone,
+    # where GROUP_BYTES holds two)
+    ((5, 16, 9, 9), (8, 16, 3, 3), [2, 2], [1, 1, 1, 1], [1, 1]),
 ]
 
 
@@ -54,6 +57,8 @@ def test_row_chunks_match_the_reference(
 ) -> None:
     if one_row:
         monkeypatch.setattr(_row_chunks, "CHUNK_BYTES", 1)
+    if xs[0] == 5:
+        monkeypatch.setattr(_row_chunks, "GROUP_BYTES", 2 * 144 * 25 * 8)
     rng = np.random.default_rng(sum(xs) + sum(ws))
     x = rng.standard_normal(xs).astype(dtype)
     w = rng.standard_normal(ws).astype(dtype)
