@@ -208,10 +208,10 @@ def in_block_(typingctx, plane, v, row0, col0, at, step):
 
 def _out_block(activation):
     @intrinsic
-    def out_block_(typingctx, m, out, bias, plane, row0, col0, at, step, rows):
+    def out_block_(typingctx, m, out, bias, plane, k, row0, col0, at, step, rows):
         # out[plane, row0 + i, col0 + 4 l + j] for i < rows and the
         # LANES_OUT lanes l: (A^T M A)[i, j] of tile at + l, plus bias[k]
-        # (k: plane's channel) and the activation
+        # and the activation
         arrays = ((m, 1), (out, 4), (bias, 1))
         if not all(_is_float_array(a, ndim) for a, ndim in arrays):
             return None
@@ -221,9 +221,8 @@ def _out_block(activation):
             lanes = LANES_OUT
             e = _Emit(context, builder, lanes)
             source, target, shifts = e.arrays(signature, args, 3)
-            plane, row0, col0, at, step, rows = args[3:]
+            plane, channel, row0, col0, at, step, rows = args[3:]
             _, channels, height, width = cgutils.unpack_tuple(b, target.shape, 4)
-            channel = b.srem(plane, channels)
             shift_at = b.gep(shifts.data, [channel])
             shift = b.load(shift_at)
             undefined = ir.Constant(e.vector, None)
@@ -260,7 +259,7 @@ def _out_block(activation):
             return context.get_dummy_value()
 
         intp = types.intp
-        signature = types.none(m, out, bias, intp, intp, intp, intp, intp, intp)
+        signature = types.none(m, out, bias, *[intp] * 7)
         return signature, codegen
 
     return out_block_
@@ -354,7 +353,8 @@ def tiles_out(m, step, columns, bias, out, first, last, relu):
                 tx = 0
                 while tx < whole and last_block >= 0:
                     t0 = min(tx, last_block)
-                    block = (m, out, bias, plane, 4 * ty, 4 * t0, at + t0, step, rows)
+                    cell = (4 * ty, 4 * t0)
+                    block = (m, out, bias, plane, k, *cell, at + t0, step, rows)
                     if relu:
                         out_block_relu_(*block)
                     else:
@@ -363,18 +363,52 @@ def tiles_out(m, step, columns, bias, out, first, last, relu):
                 for t in range(tx, tiles_w):
                     cell = (4 * ty, 4 * t)
                     out_tile_(m, out, bias[k], image, k, at + t, step, *cell, relu)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+def tiles_out_narrow(m, step, columns, bias, out, whole, first, last, relu):
+    # tiles_out for rows of fewer than LANES_OUT whole tiles: each plane's
+    # tiles, cut ones too, go whole into this part's plane whole (1, 1, 4
+    # tiles_h, 4 tiles_w), whose corner is then copied into out
+    images, channels, height, width = out.shape
+    tiles_h, tiles_w = (height + 3) // 4, (width + 3) // 4
+    tiles = tiles_h * tiles_w
+    last_block = tiles_w - LANES_OUT
+    for image in range(images):
+        for k in range(first, last):
+            base = k * columns + image * tiles
+            for ty in range(tiles_h):
+                at = base + ty * tiles_w
+                tx = 0
+                while tx < tiles_w:
+                    t0 = min(tx, last_block)
+                    block = (m, whole, bias, 0, k, 4 * ty, 4 * t0, at + t0, step, 4)
+                    if relu:
+                        out_block_relu_(*block)
+                    else:
+                        out_block_none_(*block)
+                    tx = t0 + LANES_OUT
+            for i in range(height):
+                for j in range(width):
+                    out[image, k, i, j] = whole[0, 0, i, j]
 """
 
 
 @functools.cache
-def transforms(lanes_in: int, lanes_out: int) -> tuple[Callable[..., None], ...]:
+def transforms(
+    lanes_in: int, lanes_out: int, narrow: bool = False
+) -> tuple[Callable[..., None], ...]:
     """The input and output transforms' loops for these vector widths,
     compiled (or loaded from numba's disk cache):
     ``tiles_in(x, bits, plane, v, large, step, columns, first, last, pad_h,
     pad_w, exponent, limit)`` and ``tiles_out(m, step, columns, bias, out,
-    first, last, relu)``."""
+    first, last, relu)``, or with ``narrow`` (rows of fewer than
+    ``lanes_out`` whole tiles: ``lanes_out`` counts the cut tile too)
+    ``tiles_out_narrow(m, step, columns, bias, out, whole, first, last,
+    relu)``, ``whole`` a part's ``(1, 1, 4 tiles_h, 4 tiles_w)`` plane."""
     lanes = (lanes_in, lanes_out)
+    out = "tiles_out_narrow" if narrow else "tiles_out"
     return (
         compile_vectors("asyncrt_winograd4", _SOURCE, "tiles_in", lanes=lanes),
-        compile_vectors("asyncrt_winograd4", _SOURCE, "tiles_out", lanes=lanes),
+        compile_vectors("asyncrt_winograd4", _SOURCE, out, lanes=lanes),
     )

@@ -138,6 +138,9 @@ CASES_4 = [
     ((1, 40, 30, 37), 33, [2, 0, 1, 2]),  # 8, 8: uneven pads
     ((1, 32, 9, 70), 32, [1, 1, 1, 1]),  # 16, 16: a wide, short plane
     ((3, 32, 16, 40), 36, [0, 0, 0, 0]),  # 8, 8 (38 wide): no pads
+    # rows of fewer whole tiles than a vector: whole tiles into a plane
+    ((2, 32, 14, 14), 40, [1, 1, 1, 1]),  # 4 (3 whole, 1 cut)
+    ((1, 33, 13, 15), 32, [1, 0, 0, 1]),  # 4: cut in both axes
 ]
 
 
@@ -191,8 +194,10 @@ def test_four_by_four_tiles_need_constant_float32_weights_and_wide_rows() -> Non
     assert tile(wide, None, wide, False) == 2  # weights transformed per call
     assert tile(wide.astype(np.float64), None, wide, True) == 2
     assert tile(wide, np.zeros(64, np.float32)[::2], wide, True) == 2  # strided bias
-    narrow = np.zeros((1, 32, 32, 15), np.float32)  # three whole tiles a row
+    narrow = np.zeros((1, 32, 64, 12), np.float32)  # three tiles a row
     assert tile(narrow, None, narrow, True) == 2
+    cut = np.zeros((1, 32, 64, 13), np.float32)  # three whole, one cut
+    assert tile(cut, None, cut, True) == 4
 
 
 def test_pack_4_is_g_w_g_transposed() -> None:
