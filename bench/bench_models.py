@@ -35,7 +35,8 @@ Runners:
 ``gpt`` (a GPT-2-style decoder, batch 4 x sequence 100), ``mnv3`` (a
 MobileNetV3-Small-style CNN, batch 1, 224 x 224) and ``resnet18`` (a
 ResNet-18-style CNN, batch 1, 224 x 224) are exported from PyTorch
-by ``export_models.py`` on first use (PyTorch is the ``bench`` extra).
+by ``export_models.py`` on first use (PyTorch is the ``bench`` extra);
+``mnv3-b8``, ``resnet18-b4`` (any ``-b<N>``) run the CNN at that batch.
 
 The GPU runners and the ``enc-b16`` model (the encoder at batch 16, sequence
 128, width 256) are not in the defaults: they need cupy and a GPU.
@@ -93,10 +94,19 @@ def build_model(name: str) -> tuple[Any, dict[str, Any]]:
     sys.path.insert(0, str(ROOT))
     from tests.asyncrt.frontend.models import encoder_block, small_cnn
 
-    if name in EXPORTED:
+    base, _, batch_text = name.partition("-b")
+    if name in EXPORTED or (base in ("mnv3", "resnet18") and batch_text.isdigit()):
         import export_models
 
-        return export_models.load(name), export_models.feed(name)
+        model, feed = export_models.load(base), export_models.feed(base)
+        if name != base:  # the CNN at another batch: its batch axis set
+            batch = int(batch_text)
+            for value in (*model.graph.input, *model.graph.output):
+                value.type.tensor_type.shape.dim[0].dim_value = batch
+            del model.graph.value_info[:]  # (shapes inferred again)
+            rng = np.random.default_rng(0)
+            feed = {"x": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
+        return model, feed
     rng = np.random.default_rng(0)
     if name.startswith("cnn"):
         batch = 32 if name == "cnn-b32" else 2
