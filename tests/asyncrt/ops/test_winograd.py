@@ -82,6 +82,19 @@ def tiles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
+def _lay_out(monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    """``"chunks"``: one image per chunk; ``"threads"``: the transforms
+    split over two threads; ``"borrowed"``: scratch borrowed from the
+    thread; ``"one chunk"``: as bound by default."""
+    if layout == "chunks":
+        monkeypatch.setattr(_winograd, "CHUNK_BYTES", 1)
+    elif layout == "threads":
+        monkeypatch.setattr(_winograd, "MIN_WORK_PER_THREAD", 1)
+        monkeypatch.setattr(_threads.limits, "compiled_threads", 2)
+    elif layout == "borrowed":
+        monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", 0)
+
+
 @pytest.mark.parametrize("layout", ["one chunk", "chunks", "threads", "borrowed"])
 @pytest.mark.parametrize("constant", [True, False])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -98,13 +111,7 @@ def test_winograd_matches_the_reference(
     layout: str,
 ) -> None:
     monkeypatch.setattr(_winograd, "MIN_TILES_4", 10**9)  # F(2 x 2) here
-    if layout == "chunks":  # one image per chunk
-        monkeypatch.setattr(_winograd, "CHUNK_BYTES", 1)
-    elif layout == "threads":
-        monkeypatch.setattr(_winograd, "MIN_WORK_PER_THREAD", 1)
-        monkeypatch.setattr(_threads.limits, "compiled_threads", 2)
-    elif layout == "borrowed":
-        monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", 0)
+    _lay_out(monkeypatch, layout)
     rng = np.random.default_rng(len(xs) + k)
     x = rng.standard_normal(xs).astype(dtype)
     w = rng.standard_normal((k, xs[1], 3, 3)).astype(dtype)
@@ -157,13 +164,7 @@ def test_four_by_four_tiles_match_the_reference(
 ) -> None:
     """F(4 x 4, 3 x 3): float32 with parameters for weights, rows of at
     least four tiles."""
-    if layout == "chunks":
-        monkeypatch.setattr(_winograd, "CHUNK_BYTES", 1)
-    elif layout == "threads":
-        monkeypatch.setattr(_winograd, "MIN_WORK_PER_THREAD", 1)
-        monkeypatch.setattr(_threads.limits, "compiled_threads", 2)
-    elif layout == "borrowed":
-        monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", 0)
+    _lay_out(monkeypatch, layout)
     rng = np.random.default_rng(len(xs) + k)
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal((k, xs[1], 3, 3)).astype(np.float32)
