@@ -62,7 +62,12 @@ import numpy as np
 from ..runtime import _threads
 from . import _dwvector, _jit, _jitmath
 from ._common import Array
-from ._conv_epilogue import EXPRESSIONS, bind_bias_activation, compiles
+from ._conv_epilogue import (
+    EXPRESSIONS,
+    bind_bias_activation,
+    compiles,
+    split_activation,
+)
 
 __all__ = (
     "MAX_GROUP_OUTPUTS",
@@ -499,8 +504,10 @@ def _bind_planes(
         np.int64,
     )
     columns = "phased" if phased else "unit" if stride_w == 1 else "strided"
-    # an activation the loop cannot apply in this dtype follows it
-    inside = activation if compiles(activation, x.dtype) else "none"
+    # an activation the loop cannot apply in this dtype follows it, and
+    # hard-swish always does (split_activation)
+    inside, _ = split_activation(out, activation)
+    inside = inside if compiles(inside, x.dtype) else "none"
     text = _planes_source(len(offsets), columns, inside, reduce)
     module = "asyncrt_depthwise_" + hashlib.sha256(text.encode()).hexdigest()[:20]
     kernel = _jit.compile_source(module, text, "kernel")

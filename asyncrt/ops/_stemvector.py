@@ -10,7 +10,9 @@ VM). Here the outputs of one pixel are one vector of
 vector over the outputs) stay in registers, and each output pixel is the
 bias plus, per tap, that vector times the tap's input value (broadcast),
 multiplied and added in one step where the CPU has FMA
-(``llvm.fmuladd``), then activated (ReLU, hard-swish) in the register.
+(``llvm.fmuladd``), then activated in the register (ReLU; hard-swish in a
+pass of its own after the loop: its constants would not fit beside the
+weights).
 Interior pixels go a vector of them at a time: their vectors, transposed
 in registers, are runs of each output plane, stored straight into the
 NCHW output (no channels-last buffer, no copy). Pixels whose taps reach
@@ -32,7 +34,7 @@ import numpy as np
 from ..runtime import _threads
 from . import _dwvector, _jit
 from ._common import Array
-from ._conv_epilogue import ACTIVATIONS
+from ._conv_epilogue import ACTIVATIONS, split_activation
 from ._vector_ir import compile_vectors
 
 __all__ = ("MAX_TAPS", "MIN_PIXELS", "MIN_WORK_PER_THREAD", "bind", "takes")
@@ -256,7 +258,8 @@ def bind(
     own_weights, own_bias = taps[:, :outputs], shift[:outputs]
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
-    loop = _kernel((cin, k_h, k_w, *strides, *dilations, lanes), activation)
+    inside, after = split_activation(out, activation)
+    loop = _kernel((cin, k_h, k_w, *strides, *dilations, lanes), inside)
     work = out.size * cin * k_h * k_w
     shares = _threads.shares(out_h, work // MIN_WORK_PER_THREAD)
     compute = _jit.bind_parts(loop, (x, taps, shift, out), shares, trailing=begin)
@@ -270,5 +273,7 @@ def bind(
         if bias is not None:
             copyto(own_bias, bias)
         compute()
+        if after is not None:
+            after()
 
     return stem

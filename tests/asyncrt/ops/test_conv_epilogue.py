@@ -12,6 +12,7 @@ import pytest
 
 from asyncrt.ops import _conv_epilogue, _depthwise, _winograd
 from asyncrt.ops._common import relu_in_place
+from asyncrt.ops._library import global_namespace_func
 
 from .conv_reference import conv_kernel
 
@@ -191,3 +192,21 @@ def test_a_bound_epilogue_with_nothing_to_do_leaves_the_output() -> None:
     relu = _conv_epilogue.bind_bias_activation(np, out, None, out, "relu")
     relu()
     np.testing.assert_array_equal(out, _numpy_passes(before, None, "relu"))
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "hard_swish"])
+def test_loops_leave_hard_swish_to_a_pass_of_the_same_bits(activation: str) -> None:
+    """A compiled convolution loop applies ReLU as it stores; hard-swish
+    follows it as a pass (its constants would crowd out the weights'
+    registers), computing the library's hard_swish bit for bit."""
+    out = np.random.default_rng(31).standard_normal((1, 16, 20, 20)).astype(np.float32)
+    before = out.copy()
+    inside, after = _conv_epilogue.split_activation(out, activation)
+    if activation != "hard_swish":
+        assert (inside, after) == (activation, None)
+        return
+    assert inside == "none" and after is not None
+    after()
+    want = before.copy()
+    global_namespace_func("hard_swish", "numpy")(before, want)
+    np.testing.assert_array_equal(out, want)
