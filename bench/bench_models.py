@@ -43,7 +43,8 @@ The GPU runners and the ``enc-b16`` model (the encoder at batch 16, sequence
 
 ``--neighbour`` keeps a CPU-bound process running on the same cores
 meanwhile (a busy neighbour: compare each runner's time with a run
-without it).
+without it); ``--neighbours N`` keeps N of them (as many as the cores:
+none left free).
 
 Outputs are compared with ONNX Runtime's (``max|d| / max|ref| <= 1e-4``).
 Each pair: warm-up, then at least ``--min-runs`` timed runs and
@@ -298,6 +299,13 @@ def main() -> None:
         action="store_true",
         help="a CPU-bound process on the same cores throughout (a busy neighbour)",
     )
+    ap.add_argument(
+        "--neighbours",
+        type=int,
+        default=0,
+        help="this many CPU-bound processes throughout (as many as the cores: "
+        "none left free)",
+    )
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "RUNNER"))
     ap.add_argument(
         "--peer-py",
@@ -312,13 +320,14 @@ def main() -> None:
         a.runners = ",".join(RUNNERS + (TVM_RUNNERS if a.peer_py else ()))
     best: dict[tuple[str, str], dict[str, Any]] = {}
     results = []
-    neighbour = None
-    if a.neighbour:
-        neighbour = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
+    count = max(a.neighbours, int(a.neighbour))
+    neighbours = [
+        subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)
+    ]
     try:
         rounds(a, best, results)
     finally:
-        if neighbour is not None:
+        for neighbour in neighbours:
             neighbour.kill()
             neighbour.wait()
     print()
