@@ -11,16 +11,17 @@ BLAS threads against 3.3 ms with one (ONNX Runtime: 6.6 ms); ResNet-18
 than there are cores left free (:mod:`asyncrt.runtime._threads`).
 
 The estimate is CPU time, not a queue length: over a window of at least
-:data:`WINDOW_SECONDS`, the machine's busy time (``/proc/stat``'s first
-line, every state but idle and iowait; steal counts, as cores the
-hypervisor gave away) less this process's own (``os.times``), per second
-of wall time. Read at most once per window, by the thread that starts or
-ends a run (and when a lease is taken, so that the first window ends by
-the first run, an executor's binding and compiling between them): two
-short reads, no waiting. The load average would answer at once, but it
-trails by a minute and counts this process's own recent runs; 0 until
-the first window has passed. Where ``/proc/stat`` is not there (not
-Linux), the estimate stays 0 and nothing changes.
+:data:`WINDOW_SECONDS`, the busy time of the cores this process may run on
+(``/proc/stat``'s line for each, every state but idle and iowait; steal
+counts, as time the hypervisor gave away) less this process's own
+(``os.times``), per second of wall time. Read at most once per window,
+by the thread that starts or ends a run (and when a lease is taken, so
+that the first window ends by the first run, an executor's binding and
+compiling between them): two short reads, no waiting. 0 until the first
+window has passed (the load average would answer at once, but it trails
+by a minute and counts this process's own recent runs). Where
+``/proc/stat`` is not there (not Linux), the estimate stays 0 and nothing
+changes.
 """
 
 from __future__ import annotations
@@ -39,23 +40,35 @@ WINDOW_SECONDS = 0.25
 _IDLE_FIELDS = (3, 4)
 
 
-def machine_busy_seconds() -> float | None:
-    """CPU seconds the machine's cores have spent busy since boot (all
-    processes, this one too), or ``None`` where that cannot be read."""
+def machine_busy_seconds(
+    stat_path: str = "/proc/stat", cores: set[int] | None = None
+) -> float | None:
+    """CPU seconds the cores this process may run on (``cores``, by default
+    its affinity) have spent busy since boot, every process's time (this
+    one's too), or ``None`` where that cannot be read. Cores outside the
+    affinity (a container's cpuset, ``taskset``) are not counted: what runs
+    there takes nothing from this process."""
     try:
-        with open("/proc/stat", "rb") as stat:
-            line = stat.readline()
-    except OSError:
+        chosen = os.sched_getaffinity(0) if cores is None else cores
+        mine = {f"cpu{core}".encode() for core in chosen}
+        with open(stat_path, "rb") as stat:
+            lines = [line.split() for line in stat if line.startswith(b"cpu")]
+    except (OSError, AttributeError):  # (no sched_getaffinity: not Linux)
         return None
-    fields = line.split()
-    if not fields or fields[0] != b"cpu":
+    ticks = 0
+    found = False
+    for fields in lines:
+        if fields[0] not in mine:
+            continue
+        try:
+            values = [int(value) for value in fields[1:9]]
+        except ValueError:
+            return None
+        ticks += sum(t for i, t in enumerate(values) if i not in _IDLE_FIELDS)
+        found = True
+    if not found:
         return None
-    try:
-        ticks = [int(value) for value in fields[1:9]]
-    except ValueError:
-        return None
-    busy = sum(t for i, t in enumerate(ticks) if i not in _IDLE_FIELDS)
-    return busy / os.sysconf("SC_CLK_TCK")
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _own_seconds() -> float:

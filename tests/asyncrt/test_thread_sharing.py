@@ -3,8 +3,9 @@ a run alone gets every core, concurrent runs share them."""
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import numpy as np
@@ -322,3 +323,20 @@ def test_busy_neighbours_are_the_machines_cpu_time_less_this_process() -> None:
     busy = machine_busy_seconds()
     if busy is not None:  # Linux: the cores' busy seconds since boot
         assert busy > 0
+
+
+def test_busy_time_counts_only_the_cores_this_process_may_use(tmp_path: Any) -> None:
+    """A container's cpuset or ``taskset``: the other cores' load takes
+    nothing from this process."""
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  900 0 100 500 50 0 0 0 0 0\n"
+        "cpu0 800 0 50 100 10 0 0 0 0 0\n"  # busy 850 ticks (idle, iowait out)
+        "cpu1 100 0 50 400 40 0 0 10 0 0\n"  # busy 160 (steal counts)
+        "intr 12345 0 0\n"
+    )
+    tick = os.sysconf("SC_CLK_TCK")
+    assert machine_busy_seconds(str(stat), {1}) == pytest.approx(160 / tick)
+    assert machine_busy_seconds(str(stat), {0, 1}) == pytest.approx(1010 / tick)
+    assert machine_busy_seconds(str(stat), {7}) is None  # no such core listed
+    assert machine_busy_seconds(str(tmp_path / "missing"), {0}) is None
