@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -488,16 +489,54 @@ def stacked_as_one_gemm(a: Array, b: Array, out: Array) -> bool:
     )
 
 
+#: GEMMs of at least this many multiply-adds split over the part pool
+#: while other processes crowd the BLAS pool down to one thread
+#: (:attr:`~asyncrt.runtime._threads.ThreadLimits.gemm_parts`).
+CROWDED_SPLIT_MIN_WORK = 10_000_000
+#: ... into this many row blocks a thread (a thread the machine does not
+#: run for a while leaves only its current block to wait for), of at least
+#: this many rows (BLAS is slower on fewer).
+CROWDED_BLOCKS_PER_THREAD = 4
+CROWDED_MIN_BLOCK_ROWS = 48
+
+
 def bind_matmul(
     matmul: Callable[..., Any], a: Array, b: Array, out: Array
 ) -> Callable[[], None]:
     """``matmul(a, b, out=out)`` as a call without arguments: one GEMM over
     views where :func:`stacked_as_one_gemm` says so (``out`` by keyword:
-    cupy takes it no other way)."""
+    cupy takes it no other way). A large numpy GEMM of rows is also split
+    in row blocks, run over the part pool while busy neighbours crowd BLAS
+    down to one thread: its threads take each other's blocks, where BLAS's
+    wait for a thread the machine is not running."""
     if stacked_as_one_gemm(a, b, out):
-        rows = a.reshape(-1, a.shape[-1])
-        return functools.partial(matmul, rows, b, out=out.reshape(-1, out.shape[-1]))
-    return functools.partial(matmul, a, b, out=out)
+        a, out = a.reshape(-1, a.shape[-1]), out.reshape(-1, out.shape[-1])
+    whole = functools.partial(matmul, a, b, out=out)
+    rows = a.shape[0] if a.ndim == 2 else 0
+    if not (
+        isinstance(a, np.ndarray)
+        and a.ndim == b.ndim == out.ndim == 2
+        and rows * a.shape[1] * b.shape[1] >= CROWDED_SPLIT_MIN_WORK
+    ):
+        return whole
+    count = max(1, min(rows // CROWDED_MIN_BLOCK_ROWS, 2 * CROWDED_BLOCKS_PER_THREAD))
+    if count < 2:
+        return whole
+    edges = [rows * i // count for i in range(count + 1)]
+    blocks = [
+        functools.partial(matmul, a[i:j], b, out=out[i:j])
+        for i, j in itertools.pairwise(edges)
+    ]
+    limits = _threads.limits
+
+    def product() -> None:
+        parts = limits.gemm_parts
+        if parts > 1:
+            _threads.run_parts(blocks, parts)
+        else:
+            whole()
+
+    return product
 
 
 @builtin("matmul", flops=_matmul_flops, blas=True)

@@ -79,8 +79,10 @@ class _Pool:
         self._helpers = 0
         self._pid = os.getpid()
 
-    def run(self, parts: Sequence[Callable[[], Any]]) -> None:
-        helpers = len(parts) - 1
+    def run(
+        self, parts: Sequence[Callable[[], Any]], threads: int | None = None
+    ) -> None:
+        helpers = len(parts) - 1 if threads is None else min(len(parts), threads) - 1
         if helpers < 1:
             for part in parts:
                 part()
@@ -118,11 +120,13 @@ class _Pool:
 _pool = _Pool()
 
 
-def run(parts: Sequence[Callable[[], Any]]) -> None:
+def run(parts: Sequence[Callable[[], Any]], threads: int | None = None) -> None:
     """Run ``parts`` at once, on this thread and the pool's, and return when
     all have finished.
 
+    :param threads: the threads that take the parts, this one among them
+        (default: one a part); each takes the next part left until none is.
     :raises BaseException: the first exception a part raised (after every
         part has finished).
     """
-    _pool.run(parts)
+    _pool.run(parts, threads)

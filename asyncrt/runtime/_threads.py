@@ -67,8 +67,10 @@ other processes leave free, at least one
 (:class:`~asyncrt.runtime._neighbours.BusyNeighbours`: the machine's CPU
 time less this process's, measured over windows of a quarter second as
 runs start and end); they grow back as the cores free up, after
-:data:`GROW_BACK_SECONDS`. After the change, beside two such processes:
-MobileNetV3 4.6 ms (ONNX Runtime 6.9), ResNet-18 49.7 (64.4).
+:data:`GROW_BACK_SECONDS`. Meanwhile a large GEMM of a run alone splits
+into row blocks over the part pool (:attr:`ThreadLimits.gemm_parts`),
+whose threads take each other's blocks where BLAS's would wait: GPT-2
+beside two such processes 60 -> 36-38 ms (ONNX Runtime 51-58).
 
 **Services.** ``kernel_threads="throughput"`` sizes the pools for
 ``R = max_contexts`` runs at once, whether they come or not:
@@ -260,6 +262,12 @@ class ThreadLimits:
         #: or 1 where a BLAS or OpenMP pool of several threads shares the
         #: process (see the module docstring).
         self.compiled_threads = 1
+        #: Parts a large GEMM splits into over the part pool, whose threads
+        #: take each other's parts (1: none, BLAS's own threads split it):
+        #: while other processes crowd the pools down to one thread, the
+        #: threads the run would have had.
+        self.gemm_parts = 1
+        self._crowded_out = 1
 
     def acquire(
         self,
@@ -335,15 +343,25 @@ class ThreadLimits:
         if busy and self._cores is None:
             self._cores = available_cores()
         wanted = self._fewest_shared
+        self._crowded_out = 1
         if wanted is not None and busy:
             cores = self._cores or 1
+            spare = min(wanted, max(1, cores // busy))
             # no more than the cores other processes leave free
-            free = cores - self._neighbours.update()
-            wanted = min(wanted, max(1, cores // busy), max(1, int(free + 0.5)))
+            free = max(1, int(cores - self._neighbours.update() + 0.5))
+            wanted = min(spare, free)
+            if free < spare:
+                self._crowded_out = spare
         unshared = self._fewest_unshared
         if wanted is None or (unshared is not None and unshared < wanted):
             wanted = unshared
         return wanted
+
+    def _split_gemms(self) -> None:
+        # crowded down to one BLAS thread by other processes: large GEMMs
+        # split over the part pool instead (its threads steal parts)
+        crowded = self._crowded_out > 1 and self.threads == 1
+        self.gemm_parts = self._crowded_out if crowded else 1
 
     def _apply(self, *, numexpr: bool) -> None:
         # Runs call this as they start and end (numexpr=False): the clock
@@ -360,6 +378,7 @@ class ThreadLimits:
                 if sharing:
                     self._shared_at = now
         if wanted == self._applied and not numexpr:
+            self._split_gemms()
             return
         if wanted != self._applied:
             if wanted is None:
@@ -374,6 +393,7 @@ class ThreadLimits:
         native = self._blas and self._pools.native()
         alone = self.threads < MIN_SPLIT_BESIDE_NATIVE
         self.compiled_threads = 1 if native and alone else self.threads
+        self._split_gemms()
         if numexpr:  # sized for one run alone: see the module docstring
             single = min((c.threads for c in self._claims.values()), default=None)
             if single != self._numexpr_applied:
@@ -481,13 +501,15 @@ def shares(extent: int, affordable: int) -> list[tuple[int, int]]:
     return [(i, min(i + share, extent)) for i in range(0, extent, share)] or [(0, 0)]
 
 
-def run_parts(parts: Sequence[Callable[[], Any]]) -> None:
+def run_parts(parts: Sequence[Callable[[], Any]], threads: int | None = None) -> None:
     """Run ``parts`` at once: on this thread and the kernel threads' pool
     (:mod:`asyncrt.runtime._part_pool`), and wait for all of them.
 
+    :param threads: how many threads take the parts, this one among them
+        (default: one a part).
     :raises Exception: the first exception a part raised.
     """
-    _part_pool.run(parts)
+    _part_pool.run(parts, threads)
 
 
 def threads_for(

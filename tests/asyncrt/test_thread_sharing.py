@@ -280,9 +280,13 @@ def test_shared_pools_leave_the_cores_other_processes_keep_busy() -> None:
     try:
         with lease.running():
             assert limits.threads == 2
+            assert limits.gemm_parts == 1  # BLAS's own threads split GEMMs
         neighbours.cores = 1.4  # one core left, nearly: one thread
         with lease.running():
             assert limits.threads == 1
+            assert limits.gemm_parts == 2  # large GEMMs over the part pool
+            with lease.running():  # two runs share the cores: no split
+                assert limits.gemm_parts == 1
         neighbours.cores = 2.5  # none left: still one
         with lease.running():
             assert limits.threads == 1

@@ -11,6 +11,7 @@ import pytest
 
 from asyncrt.ops._builtin import stacked_as_one_gemm
 from asyncrt.ops._kernels import global_namespace_func
+from asyncrt.runtime import _threads
 from scheduler.dispatch import Bindable
 
 RNG = np.random.default_rng(7)
@@ -68,3 +69,23 @@ def test_a_bound_stack_writes_through_to_the_planned_output() -> None:
     a[...] = _float(*a.shape)  # new inputs in the same storage, as a run's
     call()
     np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+@pytest.mark.parametrize("shape", [(400, 256, 1024), (4, 100, 256, 768)])
+def test_crowded_gemms_split_in_row_blocks_and_agree(
+    monkeypatch: pytest.MonkeyPatch, parts: int, shape: tuple[int, ...]
+) -> None:
+    """While busy neighbours crowd BLAS down to one thread, a large GEMM
+    runs in row blocks over the part pool: the same product, and the same
+    arrays read anew each call."""
+    monkeypatch.setattr(_threads.limits, "gemm_parts", parts)
+    *rows, depth, cols = shape
+    a, b = _float(*rows, depth), _float(depth, cols)
+    out = np.full((*rows, cols), np.nan, np.float32)
+    call = _matmul().bind(a, b, out)
+    call()
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+    a[...] = _float(*rows, depth)
+    call()
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
