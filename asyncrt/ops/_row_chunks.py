@@ -162,6 +162,12 @@ def bind_row_chunks(
     epilogue = bind_bias_activation(np, out, bias_view, out, activation)
     copyto, matmul = np.copyto, np.matmul
 
+    def split(image: int) -> None:
+        """The image's padded cells into their phases."""
+        copyto(interior, x[image, :, :rows_in, :cols_in])
+        for phase, pick in picks:
+            copyto(phase, pick)
+
     positions = out_h * out_w
     group = 1
     if rows == out_h and n > 1 and positions <= GROUP_MAX_POSITIONS:
@@ -179,9 +185,7 @@ def bind_row_chunks(
             for start in range(0, n, group):
                 size = min(group, n - start)
                 for i in range(size):
-                    copyto(interior, x[start + i, :, :rows_in, :cols_in])
-                    for phase, pick in picks:
-                        copyto(phase, pick)
+                    split(start + i)
                     gather(phases, views[i], taps, 0, out_h, out_w)
                 span = size * positions
                 matmul(weights, cols[:, :span], out=result[:, :span])
@@ -193,9 +197,7 @@ def bind_row_chunks(
 
     def row_chunks() -> None:
         for image in range(n):
-            copyto(interior, x[image, :, :rows_in, :cols_in])
-            for phase, pick in picks:
-                copyto(phase, pick)
+            split(image)
             for top, count in chunks:
                 gather(phases, cols, taps, top, count, out_w)
                 span = count * out_w
