@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from asyncrt.runtime import _threads
 from devices import sim
 
 
@@ -30,6 +31,25 @@ def no_leaked_threads() -> Iterator[None]:
         thread.join(timeout=2.0)
     still = [t.name for t in leaked if t.is_alive()]
     assert not still, f"threads left running: {still}"
+
+
+class _QuietNeighbours:
+    """No other process keeps a core busy."""
+
+    cores = 0.0
+
+    def update(self) -> float:
+        return 0.0
+
+
+@pytest.fixture(autouse=True)
+def quiet_neighbours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel pools are not resized for what else runs on the machine
+    (xdist's other workers, a shared CI host): the tests assert the thread
+    counts of the sharing policy. The tests of the estimate make their own
+    (:class:`asyncrt.runtime._neighbours.BusyNeighbours`)."""
+    monkeypatch.setattr(_threads.limits, "_neighbours", _QuietNeighbours())
+    monkeypatch.setattr(_threads, "BusyNeighbours", _QuietNeighbours)
 
 
 @pytest.fixture(autouse=True)
