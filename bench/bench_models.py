@@ -37,6 +37,11 @@ MobileNetV3-Small-style CNN, batch 1, 224 x 224) and ``resnet18`` (a
 ResNet-18-style CNN, batch 1, 224 x 224) are exported from PyTorch
 by ``export_models.py`` on first use (PyTorch is the ``bench`` extra);
 ``mnv3-b8``, ``resnet18-b4`` (any ``-b<N>``) run the CNN at that batch.
+``minilm-2x64`` (any ``minilm-<B>x<S>``) is ``bench_encoder.py``'s
+MiniLM-size BERT encoder at batch B x sequence S (its inputs' dims
+symbolic, as exported; ``minilm-2x64-fixed`` with them set), here in
+processes of its own per runner (``bench_encoder.py`` runs every runtime in one process,
+where each one's spinning pool threads take cores from the next).
 
 The GPU runners and the ``enc-b16`` model (the encoder at batch 16, sequence
 128, width 256) are not in the defaults: they need cupy and a GPU.
@@ -108,6 +113,23 @@ def build_model(name: str) -> tuple[Any, dict[str, Any]]:
             rng = np.random.default_rng(0)
             feed = {"x": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
         return model, feed
+    if base == "minilm" or name.startswith("minilm-"):
+        from tests.asyncrt.frontend.symbolic_models import (
+            BertConfig,
+            bert_encoder,
+            bert_feed,
+        )
+
+        shape, _, fixed = name.removeprefix("minilm-").partition("-")
+        batch, seq = (int(v) for v in shape.split("x"))
+        model = bert_encoder(BertConfig())
+        if fixed == "fixed":  # its symbolic dims set: one static plan
+            sizes = {"batch": batch, "sequence": seq}
+            for value in (*model.graph.input, *model.graph.output):
+                for dim in value.type.tensor_type.shape.dim:
+                    if dim.dim_param:
+                        dim.dim_value = sizes[dim.dim_param]
+        return model, bert_feed(batch, seq, BertConfig())
     rng = np.random.default_rng(0)
     if name.startswith("cnn"):
         batch = 32 if name == "cnn-b32" else 2

@@ -31,7 +31,7 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from ..runtime import _threads
-from . import _blocks, _epijit, _jit, _jitbroadcast, _jitcast, _jitfuse
+from . import _blocks, _epijit, _jit, _jitbroadcast, _jitcast, _jitfuse, _panel_gemm
 from ._common import in_turn, quiet
 from ._kernels import Bindable, FlopsFunction
 from ._library import FusionTemplate, builtin
@@ -501,14 +501,28 @@ CROWDED_MIN_BLOCK_ROWS = 48
 
 
 def bind_matmul(
-    matmul: Callable[..., Any], a: Array, b: Array, out: Array
+    matmul: Callable[..., Any],
+    a: Array,
+    b: Array,
+    out: Array,
+    *,
+    constant_b: bool = False,
 ) -> Callable[[], None]:
     """``matmul(a, b, out=out)`` as a call without arguments: one GEMM over
     views where :func:`stacked_as_one_gemm` says so (``out`` by keyword:
     cupy takes it no other way). A large numpy GEMM of rows is also split
     in row blocks, run over the part pool while busy neighbours crowd BLAS
     down to one thread: its threads take each other's blocks, where BLAS's
-    wait for a thread the machine is not running."""
+    wait for a thread the machine is not running.
+
+    :param constant_b: ``b``'s values are fixed for the binding's life (a
+        parameter): float32 products take :mod:`asyncrt.ops._panel_gemm`,
+        ``b`` packed now, once.
+    """
+    if constant_b and _panel_gemm.takes(a, b, out):
+        work = a.size * b.shape[1]
+        crowded = CROWDED_BLOCKS_PER_THREAD if work >= CROWDED_SPLIT_MIN_WORK else 1
+        return _panel_gemm.bind(a, b, out, crowded)
     if stacked_as_one_gemm(a, b, out):
         a, out = a.reshape(-1, a.shape[-1]), out.reshape(-1, out.shape[-1])
     whole = functools.partial(matmul, a, b, out=out)
@@ -541,12 +555,15 @@ def bind_matmul(
 
 @builtin("matmul", flops=_matmul_flops, blas=True)
 def _matmul(xp: ModuleType) -> Bindable:
-    bind = functools.partial(bind_matmul, xp.matmul)
+    def bind(
+        a: Array, b: Array, out: Array, constant: frozenset[int] = frozenset()
+    ) -> Callable[[], None]:
+        return bind_matmul(xp.matmul, a, b, out, constant_b=1 in constant)
 
     def product(a: Array, b: Array, out: Array) -> None:
         bind(a, b, out)()
 
-    return Bindable(product, bind)
+    return Bindable(product, bind, takes_constant=True)
 
 
 # Ops that are a ufunc taking ``out`` by keyword: name, ufunc, work, fusion.

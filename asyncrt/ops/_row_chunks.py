@@ -206,4 +206,3 @@ def bind_row_chunks(
         epilogue()
 
     return row_chunks
-

@@ -59,9 +59,6 @@ channels of 14 x 14 (three whole tiles a row and a cut one) at batch 4:
 from __future__ import annotations
 
 import functools
-import hashlib
-import threading
-import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -69,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime import _threads
-from . import _common, _jit, _scratch, _winograd4
+from . import _common, _jit, _packed, _scratch, _winograd4
 from ._common import Array
 from ._im2col import CHUNK_BYTES
 
@@ -172,28 +169,11 @@ def pack(w: Array, into: Array | None = None) -> Array:
     return u
 
 
-_packed: weakref.WeakValueDictionary[tuple[Any, ...], Any] = (
-    weakref.WeakValueDictionary()
-)
-_packed_lock = threading.Lock()
-
-
 def packed(w: Array, tile: int = 2) -> Array:
     """:func:`pack` of ``w`` (``tile`` 4: :func:`_winograd4.pack`), shared
     with every other binding to weights of the same values (run contexts of
-    one executor bind the same parameters): kept while a binding holds it,
-    keyed by the weights' digest."""
-    contiguous = np.ascontiguousarray(w)
-    digest = hashlib.sha256(contiguous.view(np.uint8).data).digest()
-    key = (tile, w.shape, w.dtype.str, digest)
-    with _packed_lock:
-        found = _packed.get(key)
-    if found is not None:
-        return found
-    u = (_winograd4.pack if tile == 4 else pack)(contiguous)
-    u.flags.writeable = False
-    with _packed_lock:
-        return _packed.setdefault(key, u)
+    one executor bind the same parameters: :func:`_packed.shared`)."""
+    return _packed.shared(("winograd", tile), w, _winograd4.pack if tile == 4 else pack)
 
 
 def _planes(count: int, rows: int, cols: int, dtype: Any, buffer: Array) -> Array:

@@ -103,10 +103,14 @@ def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
     loop = "bias_gelu_tanh" if approximate == "tanh" else "bias_gelu"
     matmul, add = xp.matmul, xp.add
 
-    gemm = functools.partial(bind_matmul, matmul)
-
-    def bind(a: Array, w: Array, bias: Array, out: Array) -> Callable[[], None]:
-        product = gemm(a, w, out)
+    def bind(
+        a: Array,
+        w: Array,
+        bias: Array,
+        out: Array,
+        constant: frozenset[int] = frozenset(),
+    ) -> Callable[[], None]:
+        product = bind_matmul(matmul, a, w, out, constant_b=1 in constant)
         cols = out.shape[-1] if out.ndim else 1
         if gelu and out.size and bias.shape == (cols,) and _compiles(out, bias):
             rows = out.size // cols
@@ -133,7 +137,7 @@ def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
     def matmul_bias(a: Array, w: Array, bias: Array, out: Array) -> None:
         bind(a, w, bias, out)()
 
-    return Bindable(matmul_bias, bind)
+    return Bindable(matmul_bias, bind, takes_constant=True)
 
 
 def _add_layer_norm_flops(
