@@ -12,7 +12,8 @@ as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
   Add(y) -> Mul(sqrt(2/pi)) -> Tanh -> Add(1)``, times ``Mul(y, 0.5)``;
   the cube may also be ``(y * y) * y``, as hand-written GELUs have it),
   as ``activation="gelu_tanh"``; ONNX's own ``Gelu`` node (opset 20)
-  joins it the same way (``approximate`` ``"none"`` or ``"tanh"``).
+  joins it the same way (``approximate`` ``"none"`` or ``"tanh"``), and a
+  ``Relu`` as ``activation="relu"`` (an MLP's hidden layers).
 * ``Add(X, R) -> LayerNormalization(Scale[, Bias])``, one output and the
   default stash type, becomes ``AddLayerNormalization(X, R, Scale[,
   Bias])``; where others read the sum too (a pre-LN block's next residual),
@@ -143,6 +144,7 @@ class _Fuser:
                 ("gelu_tanh", self.gelu_tanh),
                 ("gelu", self.gelu_node),
                 ("gelu_tanh", self.gelu_node_tanh),
+                ("relu", self.relu),
             ):
                 found = match(output)
                 if found is not None:
@@ -162,6 +164,14 @@ class _Fuser:
                 self.nodes[position] = None
             count += len(absorbed)
         return count
+
+    def relu(self, y: str) -> tuple[list[int], str] | None:
+        """A ``Relu``, the only reader of ``y``."""
+        try:
+            index, node = self.only_reader(y, "Relu")
+        except LookupError:
+            return None
+        return [index], str(node.output[0])
 
     def gelu_node(self, y: str) -> tuple[list[int], str] | None:
         """ONNX's ``Gelu`` (opset 20), exact, the only reader of ``y``."""

@@ -2,7 +2,7 @@
 (:mod:`._epilogue`; domain :data:`._names.PRIVATE_DOMAIN`):
 
 * ``MatMulBias(X, W, B)``, attribute ``activation`` (``"none"``,
-  ``"gelu"`` or ``"gelu_tanh"``): ``act(X @ W + B)`` with ``W`` 2-D and
+  ``"gelu"``, ``"gelu_tanh"`` or ``"relu"``): ``act(X @ W + B)`` with ``W`` 2-D and
   ``B`` its row of biases,
   the kernel library's ``matmul_bias``.
 * ``AddLayerNormalization(X, R, Scale[, Bias])``, attributes ``axis`` and
@@ -36,7 +36,7 @@ def _matmul_bias(ctx: NodeContext) -> Lowering:
         raise ctx.unsupported(reason) from InferenceFailed(reason)
     ctx.correct_outputs([TensorSpec((*x.shape[:-1], w.shape[1]), x.dtype)])
     activation = str(ctx.attr("activation", "none"))
-    ctx.refuse("activation", ("none", "gelu", "gelu_tanh"))
+    ctx.refuse("activation", ("none", "gelu", "gelu_tanh", "relu"))
     return Call("matmul_bias", (0, 1, 2), {"activation": activation})
 
 

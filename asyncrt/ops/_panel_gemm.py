@@ -1,5 +1,5 @@
 """GEMMs of a constant matrix packed into column panels, in explicit LLVM
-vectors (float32), on numba's native thread pool.
+vectors (float32), on native threads.
 
 A transformer serving one request multiplies a few rows of activations
 (``M`` = batch x sequence, often 16 to a few hundred) by weight matrices
@@ -19,15 +19,20 @@ for each ``k``, loads two vectors of the panel and broadcasts each row's
 ``a[m, k]`` into two fused multiply-adds: 116 GFLOP/s on one core of the
 2-core AVX-512 VM with warm caches, its FMA peak.
 
-**Threads.** The panels are split over :attr:`ThreadLimits.threads
-<asyncrt.runtime._threads.ThreadLimits.threads>` parts (the threads BLAS
-would have had) by a ``prange`` on numba's threading layer, whose threads
-run without the GIL: a hand-off costs microseconds where the part pool's
-(:mod:`asyncrt.runtime._part_pool`) costs 45-70 us, as long as such a
-GEMM. Only layers that are safe to enter from several threads at once
-(OpenMP, TBB) are used: under numba's ``workqueue`` layer, and in a
-process forked after the pool started (GNU OpenMP does not survive a
-fork), the kernel runs on the calling thread alone.
+**Epilogue.** A bias and ReLU are applied to each block as it is stored
+(``matmul_bias``'s ``activation="relu"``): the bits of the passes that
+would follow the product, without them.
+
+**Threads.** The kernel is a numba ``cfunc`` run on a native team
+(:mod:`asyncrt.runtime._native_team`: GNU OpenMP's threads, without the
+GIL: a hand-off of microseconds, where the part pool's costs 45-70 us, as
+long as such a GEMM). Its threads take parts from a shared counter: one
+run of panels (of row blocks, for fewer panels) each, over
+:attr:`ThreadLimits.threads <asyncrt.runtime._threads.ThreadLimits.threads>`
+threads (what BLAS would have had), from :data:`MIN_PARALLEL_WORK`
+multiply-adds; while other processes crowd the kernel threads down to one,
+several runs a thread (``gemm_parts`` threads), so one the machine does not
+run leaves its parts to the others.
 
 **Accuracy.** Each output is one fused multiply-add chain over ``k`` in
 order: it differs from BLAS's sums (blocked, in another order) by float32
@@ -39,21 +44,17 @@ stored).
 from __future__ import annotations
 
 import functools
-import importlib
-import itertools
-import os
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..runtime import _threads
+from ..runtime import _native_team, _threads
 from . import _jit, _packed
 from ._common import Array
-from ._vector_ir import compile_vectors
+from ._vector_ir import CLAIMS, compile_vectors
 
-__all__ = ("MAX_DEPTH", "PANEL", "ROWS", "bind", "pack", "takes")
+__all__ = ("MAX_DEPTH", "PANEL", "ROWS", "bind", "pack", "takes", "takes_bias")
 
 #: Columns of ``B`` a panel holds: two vectors of 16 float32 lanes.
 PANEL = 32
@@ -69,37 +70,75 @@ MAX_DEPTH = 4096
 MIN_PARALLEL_WORK = 500_000
 _LANES = 16
 _FLOAT32 = np.dtype(np.float32)
+#: The epilogue's flags: the bias added, then ReLU.
+_BIAS, _RELU = 1, 2
+#: The int64 slots of ``gemm_claimed``'s data: the next part, parts, m,
+#: depth, width, panels, flags, the addresses of a, panels, out and bias,
+#: the bias's length.
+_SLOTS = 12
+#: The bias argument of a product without one (never read).
+_NO_BIAS = np.zeros(1, _FLOAT32)
 
 _SOURCE = """
 import functools
 
+{claims}
+
+SLOTS = {slots}
 ROWS, VECTORS = {rows}, {vectors}
 LANES = {lanes}
+BIAS, RELU = {bias}, {relu}  # the epilogue's flags
 PANEL = VECTORS * LANES
 
 
-def _store_lanes(b, e, totals, out_, start, count):
-    # the first count lanes of the vectors totals, in turn, from flat start
-    i32 = ir.IntType(32)
+def _finish(b, e, value, bias_, column, flags, lanes):
+    # value + bias[column:] where flags has BIAS, then max(value, 0) where
+    # it has RELU (NaN kept, as np.maximum); lanes: value's width (1: a
+    # scalar at column)
+    biased = b.icmp_signed("!=", b.and_(flags, e.const(BIAS)), e.const(0))
+    rectified = b.icmp_signed("!=", b.and_(flags, e.const(RELU)), e.const(0))
+    slot = cgutils.alloca_once_value(b, value)
+    with b.if_then(biased):
+        if lanes == 1:
+            shift = b.load(b.gep(bias_.data, [column]))
+        else:
+            shift = e.load(bias_, column)
+        b.store(b.fadd(b.load(slot), shift), slot)
+    with b.if_then(rectified):
+        v = b.load(slot)
+        zero = ir.Constant(v.type, 0.0) if lanes == 1 else e.splat(0.0)
+        b.store(b.select(b.fcmp_ordered("<", v, zero), zero, v), slot)
+    return b.load(slot)
+
+
+def _store_lanes(b, e, totals, out_, bias_, start, col0, count, flags):
+    # the first count lanes of the vectors totals, in turn, finished, from
+    # flat start (columns col0 on): through a stack buffer, by a loop (one
+    # branch a lane would make every block's code long to compile)
+    floats = ir.ArrayType(ir.FloatType(), len(totals) * LANES)
+    buffer = cgutils.alloca_once(b, floats)
+    first = b.bitcast(buffer, ir.FloatType().as_pointer())
     for v, total in enumerate(totals):
-        for lane in range(LANES):
-            column = e.const(v * LANES + lane)
-            with b.if_then(b.icmp_signed("<", column, count)):
-                value = b.extract_element(total, ir.Constant(i32, lane))
-                b.store(value, b.gep(out_.data, [b.add(start, column)]))
+        at = b.gep(first, [ir.Constant(ir.IntType(32), v * LANES)])
+        b.store(total, b.bitcast(at, e.vector.as_pointer()), align=4)
+    with cgutils.for_range(b, count) as loop:
+        j = loop.index
+        value = b.load(b.gep(first, [j]))
+        value = _finish(b, e, value, bias_, b.add(col0, j), flags, 1)
+        b.store(value, b.gep(out_.data, [b.add(start, j)]))
 
 
 def _block(rows):
-    # an intrinsic block_(a, panels, out, m0, p): out[m0 : m0 + rows,
-    # PANEL p : PANEL (p + 1)] = a[m0 : m0 + rows] @ panels[p], the columns
-    # past out's width not stored
-    def block_(typingctx, a, panels, out, m0, p):
+    # an intrinsic block_(a, panels, out, bias, m0, p, flags): out[m0 : m0 +
+    # rows, PANEL p : PANEL (p + 1)] = a[m0 : m0 + rows] @ panels[p],
+    # finished (_finish), the columns past out's width not stored
+    def block_(typingctx, a, panels, out, bias, m0, p, flags):
         if not (
             _is_float_array(a, 2) and _is_float_array(panels, 3)
-            and _is_float_array(out, 2)
+            and _is_float_array(out, 2) and _is_float_array(bias, 1)
         ):
             return None
-        sig = types.void(a, panels, out, types.intp, types.intp)
+        sig = types.void(a, panels, out, bias, types.intp, types.intp, types.intp)
         return sig, functools.partial(_emit_block, rows)
 
     return intrinsic(block_)
@@ -108,8 +147,8 @@ def _block(rows):
 def _emit_block(rows, context, builder, signature, args):
     b = builder
     e = _Emit(context, builder, LANES)
-    a_, panels_, out_ = e.arrays(signature, args, 3)
-    m0, p = args[3:]
+    a_, panels_, out_, bias_ = e.arrays(signature, args, 4)
+    m0, p, flags = args[4:]
     depth = cgutils.unpack_tuple(b, a_.shape, 2)[1]
     width = cgutils.unpack_tuple(b, out_.shape, 2)[1]
     i32 = ir.IntType(32)
@@ -148,63 +187,84 @@ def _emit_block(rows, context, builder, signature, args):
         with b.if_else(whole, likely=True) as (full, cut):
             with full:
                 for v, total in enumerate(totals):
-                    e.store(total, out_, b.add(start, e.const(v * LANES)))
+                    at = e.const(v * LANES)
+                    value = _finish(b, e, total, bias_, b.add(col0, at), flags, LANES)
+                    e.store(value, out_, b.add(start, at))
             with cut:  # the last panel of a width not a multiple of PANEL
-                _store_lanes(b, e, totals, out_, start, b.sub(width, col0))
+                count = b.sub(width, col0)
+                _store_lanes(b, e, totals, out_, bias_, start, col0, count, flags)
     return None
 
 
-# ROWS rows a block, and the rows left by halves
-block_rows_, block_4_, block_2_, block_1_ = (_block(r) for r in (ROWS, 4, 2, 1))
+# ROWS rows a block; the rows left, four at once, then one at a time
+block_rows_, block_4_, block_1_ = _block(ROWS), _block(4), _block(1)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
-def gemm(a, panels, out, first, last, top, bottom):
+def gemm(a, panels, out, bias, flags, first, last, top, bottom):
     # out[top:bottom, PANEL first : PANEL last] of a @ B, B packed into
-    # panels: a panel stays in cache over the rows
+    # panels, finished as flags say: a panel stays in cache over the rows
     for p in range(first, last):
         m0 = top
         while m0 + ROWS <= bottom:
-            block_rows_(a, panels, out, m0, p)
+            block_rows_(a, panels, out, bias, m0, p, flags)
             m0 += ROWS
-        if ROWS > 4 and m0 + 4 <= bottom:
-            block_4_(a, panels, out, m0, p)
+        if m0 + 4 <= bottom:
+            block_4_(a, panels, out, bias, m0, p, flags)
             m0 += 4
-        if m0 + 2 <= bottom:
-            block_2_(a, panels, out, m0, p)
-            m0 += 2
-        if m0 < bottom:
-            block_1_(a, panels, out, m0, p)
+        for m in range(m0, bottom):
+            block_1_(a, panels, out, bias, m, p, flags)
 
 
-@numba.njit(
-    cache=True, nogil=True, error_model="numpy", boundscheck=False, parallel=True
+@numba.cfunc(
+    types.void(types.voidptr),
+    cache=True,
+    nopython=True,
+    error_model="numpy",
+    boundscheck=False,
 )
-def gemm_parts(a, panels, out, parts):
-    # gemm over parts contiguous runs of panels (of row blocks where there
-    # are fewer panels than parts), one a thread of numba's pool (as many
-    # threads as numba.set_num_threads set on this thread)
-    count, m = panels.shape[0], a.shape[0]
+def gemm_claimed(data):
+    # gemm on a native team: data's slots (SLOTS) hold the arrays' shapes
+    # and addresses; each thread takes parts until none is left: runs of
+    # panels, or of row blocks where there are fewer panels than parts
+    d = numba.carray(slots_(data), SLOTS)
+    parts, m, depth, width, count, flags = d[1], d[2], d[3], d[4], d[5], d[6]
+    a = numba.carray(floats_(d[7]), (m, depth))
+    panels = numba.carray(floats_(d[8]), (count, depth, PANEL))
+    out = numba.carray(floats_(d[9]), (m, width))
+    bias = numba.carray(floats_(d[10]), d[11])
     blocks = (m + ROWS - 1) // ROWS
-    for i in numba.prange(parts):
+    while True:
+        i = claim_(data)
+        if i >= parts:
+            return
         if count >= parts:
-            gemm(a, panels, out, count * i // parts, count * (i + 1) // parts, 0, m)
+            first, last = count * i // parts, count * (i + 1) // parts
+            gemm(a, panels, out, bias, flags, first, last, 0, m)
         else:
             top = ROWS * (blocks * i // parts)
             bottom = min(m, ROWS * (blocks * (i + 1) // parts))
-            gemm(a, panels, out, 0, count, top, bottom)
+            gemm(a, panels, out, bias, flags, 0, count, top, bottom)
 """
 
 
 @functools.cache
-def _kernels() -> tuple[Callable[..., None], Callable[..., None]]:
-    """``gemm(a, panels, out, first, last)`` and ``gemm_parts(a, panels,
-    out, parts)``, compiled (or loaded from numba's disk cache)."""
-    values = {"rows": ROWS, "vectors": PANEL // _LANES, "lanes": _LANES}
-    return (
-        compile_vectors("asyncrt_panel_gemm", _SOURCE, "gemm", **values),
-        compile_vectors("asyncrt_panel_gemm", _SOURCE, "gemm_parts", **values),
+def _kernel_address() -> int:
+    """The address of ``void gemm_claimed(void *data)``, compiled (or
+    loaded from numba's disk cache)."""
+    values = {
+        "claims": CLAIMS,
+        "slots": _SLOTS,
+        "rows": ROWS,
+        "vectors": PANEL // _LANES,
+        "lanes": _LANES,
+        "bias": _BIAS,
+        "relu": _RELU,
+    }
+    kernel: Any = compile_vectors(
+        "asyncrt_panel_gemm", _SOURCE, "gemm_claimed", **values
     )
+    return int(kernel.address)
 
 
 def pack(w: Array) -> Array:
@@ -236,100 +296,69 @@ def takes(a: Array, b: Array, out: Array) -> bool:
     )
 
 
-def bind(a: Array, b: Array, out: Array, crowded_blocks: int = 1) -> Callable[[], None]:
-    """``out = a @ b`` (:func:`takes` holds; ``b``'s values fixed for the
-    binding's life: packed now) as a call without arguments.
+def takes_bias(bias: Array, out: Array) -> bool:
+    """Whether :func:`bind` takes ``bias`` for ``out``: ``(N,)`` float32,
+    C-contiguous, ``N`` the output's last axis."""
+    return (
+        isinstance(bias, np.ndarray)
+        and bias.dtype == _FLOAT32
+        and bias.shape == out.shape[-1:]
+        and bias.flags.c_contiguous
+    )
 
+
+def bind(
+    a: Array,
+    b: Array,
+    out: Array,
+    crowded_blocks: int = 1,
+    *,
+    bias: Array | None = None,
+    relu: bool = False,
+) -> Callable[[], None]:
+    """``out = a @ b`` (:func:`takes` holds; ``b``'s values fixed for the
+    binding's life: packed now) as a call without arguments; ``+ bias``,
+    then ``max(., 0)``, applied to each block as it is stored (as the
+    passes ``add`` and ``maximum`` after the product would: the same bits).
+
+    :param bias: ``(N,)`` float32, C-contiguous (:func:`takes_bias`), read
+        each call.
+    :param relu: apply ReLU (NaN stays NaN).
     :param crowded_blocks: runs of panels a thread to split into over the
         part pool while other processes crowd the kernel threads down to
         one (:attr:`~asyncrt.runtime._threads.ThreadLimits.gemm_parts`:
         its threads take each other's runs, where a ``prange``'s static
         shares wait for a thread the machine is not running); 1: never.
     """
-    gemm, gemm_parts = _kernels()
+    run = _native_team.launcher(_kernel_address())
     panels = _packed.shared("panel_gemm", b, pack)
     rows, cols = a.reshape(-1, a.shape[-1]), out.reshape(-1, out.shape[-1])
-    m, count = rows.shape[0], panels.shape[0]
+    shift = _NO_BIAS if bias is None else bias
+    m, depth, count = rows.shape[0], rows.shape[1], panels.shape[0]
+    flags = (0 if bias is None else _BIAS) | (_RELU if relu else 0)
+    data = np.array(
+        [0, 1, m, depth, cols.shape[1], count, flags]
+        + [x.ctypes.data for x in (rows, panels, cols, shift)]
+        + [shift.size],
+        np.int64,
+    )
+    address = data.ctypes.data
+    held = (rows, panels, cols, shift)  # (the addresses in data stay valid)
     limits = _threads.limits
-    split = m * rows.shape[1] * b.shape[1] >= MIN_PARALLEL_WORK
-    most = min(max(count, -(-m // ROWS)), _pool_threads()) if split else 1
-    set_threads = _set_threads()
-    if most > 1:
-        _parallel_ok()  # numba's pool started now, not on the first run
-    whole = functools.partial(gemm, rows, panels, cols, 0, count, 0, m)
+    split = m * depth * cols.shape[1] >= MIN_PARALLEL_WORK
+    most = max(count, -(-m // ROWS)) if split else 1
     runs = min(count, crowded_blocks)
 
-    def crowded(parts: int) -> None:
-        edges = [count * i // (parts * runs) for i in range(parts * runs + 1)]
-        _threads.run_parts(
-            [
-                functools.partial(gemm, rows, panels, cols, first, last, 0, m)
-                for first, last in itertools.pairwise(edges)
-                if last > first
-            ],
-            parts,
-        )
-
     def product() -> None:
-        if m == 0:
+        if not held[0].size:
             return
         crowding = limits.gemm_parts
         if crowding > 1 and runs > 1:
-            crowded(crowding)
-            return
-        parts = min(limits.threads, most)
-        if parts > 1 and _parallel_ok():
-            set_threads(parts)  # (this thread's team; numba's call)
-            gemm_parts(rows, panels, cols, parts)
+            threads = parts = crowding  # ... each taking `runs` parts
+            parts *= runs
         else:
-            whole()
+            threads = parts = min(limits.threads, most)
+        data[0], data[1] = 0, parts
+        run(address, threads)
 
     return product
-
-
-def _numba() -> Any:
-    return importlib.import_module("numba")
-
-
-def _pool_threads() -> int:
-    """The threads of numba's pool (``NUMBA_NUM_THREADS``: the cores)."""
-    return int(_numba().config.NUMBA_NUM_THREADS)
-
-
-def _set_threads() -> Callable[[int], None]:
-    """numba's ``set_num_threads``: the team of this thread's launches."""
-    set_threads: Callable[[int], None] = _numba().set_num_threads
-    return set_threads
-
-
-_first_lock = threading.Lock()
-#: The process that started numba's pool, and whether its layer takes
-#: launches from several threads at once.
-_started: tuple[int, bool] | None = None
-
-
-def _parallel_ok() -> bool:
-    """Whether :func:`bind`'s calls may launch on numba's pool: the first
-    launch (on one thread, under a lock) starts it; a layer that is not
-    thread-safe, or a process forked after it started, keeps every call on
-    its own thread."""
-    global _started
-    started = _started
-    if started is None:
-        with _first_lock:
-            if _started is None:
-                _started = (os.getpid(), _start_pool())
-            started = _started
-    return started[1] and started[0] == os.getpid()
-
-
-def _start_pool() -> bool:
-    numba = _numba()
-    _, gemm_parts = _kernels()
-    one = np.zeros((1, 1), _FLOAT32)
-    parts = min(2, _pool_threads())
-    numba.set_num_threads(parts)
-    gemm_parts(
-        one, np.zeros((2, 1, PANEL), _FLOAT32), np.zeros((1, 1), _FLOAT32), parts
-    )
-    return numba.threading_layer() in ("omp", "tbb")

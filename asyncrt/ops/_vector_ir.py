@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _jit
 
-__all__ = ("PREAMBLE", "compile_vectors")
+__all__ = ("CLAIMS", "PREAMBLE", "compile_vectors")
 
 PREAMBLE = """
 import numba
@@ -161,6 +161,47 @@ class _Emit:
         return rows
 """
 PREAMBLE = PREAMBLE.replace("{sixth}", repr(float(np.float32(1 / 6))))
+
+
+#: Intrinsics of a kernel run on a native team
+#: (:mod:`asyncrt.runtime._native_team`), whose one argument points to
+#: int64 slots: ``slots_(data)`` (the pointer as int64 slots; with
+#: ``numba.carray``, an array of them), ``floats_(address)`` (a slot
+#: holding an address, as a float32 pointer for ``numba.carray``) and
+#: ``claim_(data)`` (slot 0 plus one, atomically: the old value, the next
+#: part to take).
+CLAIMS = """
+@intrinsic
+def slots_(typingctx, data):
+    sig = types.CPointer(types.int64)(types.voidptr)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64).as_pointer())
+
+    return sig, codegen
+
+
+@intrinsic
+def floats_(typingctx, address):
+    sig = types.CPointer(types.float32)(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
+
+    return sig, codegen
+
+
+@intrinsic
+def claim_(typingctx, data):
+    sig = types.int64(types.voidptr)
+
+    def codegen(context, builder, signature, args):
+        counter = builder.bitcast(args[0], ir.IntType(64).as_pointer())
+        one = ir.Constant(ir.IntType(64), 1)
+        return builder.atomic_rmw("add", counter, one, "monotonic")
+
+    return sig, codegen
+"""
 
 
 def compile_vectors(

@@ -7,11 +7,13 @@ kernel where the model has two to seven, and the activations do not make a
 round trip through memory per op:
 
 * ``matmul_bias(a, w, bias, out)``, attribute ``activation`` (``"none"``,
-  ``"gelu"``, the exact erf form, or ``"gelu_tanh"``, GPT-2's tanh
-  approximation): the GEMM writes ``out``, the bias is added in place
-  while ``out`` is still in cache, and the GELU follows in the same pass
-  where numba is installed (:mod:`asyncrt.ops._epijit`); without it, the
-  library's ``gelu`` kernel over a scratch buffer.
+  ``"gelu"``, the exact erf form, ``"gelu_tanh"``, GPT-2's tanh
+  approximation, or ``"relu"``): the GEMM writes ``out``, the bias is
+  added in place while ``out`` is still in cache, and the GELU follows in
+  the same pass where numba is installed (:mod:`asyncrt.ops._epijit`);
+  without it, the library's ``gelu`` kernel over a scratch buffer. Where
+  ``w`` is a float32 parameter (:mod:`asyncrt.ops._panel_gemm`), the bias
+  and ReLU are added as the product's blocks are stored: no pass at all.
 * ``add_layer_norm(x, r, scale, [bias,] out[, total])``, attributes
   ``axis``, ``epsilon``, ``bias`` and ``sum`` (``total`` given: ``x + r``
   kept there too): ``layer_norm(x + r)`` over the last axes: one
@@ -57,8 +59,8 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from ..runtime import _threads
-from . import _epijit, _jit
-from ._builtin import SOFTMAX_SPLIT_ELEMENTS, bind_matmul
+from . import _epijit, _jit, _panel_gemm
+from ._builtin import SOFTMAX_SPLIT_ELEMENTS, bind_matmul, crowded_blocks
 from ._common import BOUND_SCRATCH_BYTES, Array, choice, flag, integer, number
 from ._kernels import Bindable
 from ._library import Attrs, define, lookup
@@ -87,21 +89,23 @@ def _compiles(*arrays: Array) -> bool:
     )
 
 
-#: ``matmul_bias``'s activations: none, the exact (erf) GELU, the tanh one.
-ACTIVATIONS = ("none", "gelu", "gelu_tanh")
+#: ``matmul_bias``'s activations: none, the exact (erf) GELU, the tanh one,
+#: ReLU.
+ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu")
 
 
 @define("matmul_bias", flops=_matmul_bias_flops, blas=True)
 def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
     activation = choice(attrs, "activation", ACTIVATIONS)
-    gelu = activation != "none"
+    gelu = activation.startswith("gelu")
+    relu = activation == "relu"
     gelu_kernel = lookup("gelu")
     if gelu_kernel is None:  # pragma: no cover - the library defines it
         raise ValueError("the library has no gelu op")
     approximate = "tanh" if activation == "gelu_tanh" else "none"
     plain_gelu = gelu_kernel.make(xp, {"approximate": approximate})
     loop = "bias_gelu_tanh" if approximate == "tanh" else "bias_gelu"
-    matmul, add = xp.matmul, xp.add
+    matmul, add, maximum = xp.matmul, xp.add, xp.maximum
 
     def bind(
         a: Array,
@@ -110,6 +114,14 @@ def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
         out: Array,
         constant: frozenset[int] = frozenset(),
     ) -> Callable[[], None]:
+        if (
+            not gelu
+            and 1 in constant
+            and _panel_gemm.takes(a, w, out)
+            and _panel_gemm.takes_bias(bias, out)
+        ):  # the bias and ReLU added as the product's blocks are stored
+            blocks = crowded_blocks(a, w)
+            return _panel_gemm.bind(a, w, out, blocks, bias=bias, relu=relu)
         product = bind_matmul(matmul, a, w, out, constant_b=1 in constant)
         cols = out.shape[-1] if out.ndim else 1
         if gelu and out.size and bias.shape == (cols,) and _compiles(out, bias):
@@ -128,6 +140,8 @@ def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
         def passes() -> None:
             product()
             add(out, bias, out, casting="unsafe")
+            if relu:
+                maximum(out, 0, out=out)
             if scratch is not None:  # the library's gelu is not in place
                 plain_gelu(out, scratch)
                 xp.copyto(out, scratch)

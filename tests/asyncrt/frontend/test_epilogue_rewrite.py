@@ -563,3 +563,44 @@ def test_a_gelu_node_whose_input_is_read_elsewhere_stays() -> None:
     assert _ops(rewrite(model).model) == ["MatMulBias", "Gelu"]
     x = np.random.default_rng(6).standard_normal((2, 5, 4)).astype(np.float32)
     _check(model, {"x": x})
+
+
+def _relu_mlp_model(read_elsewhere: bool = False) -> onnx.ModelProto:
+    """x (2, 5, 40) @ w (40, 70) + b -> Relu: an MLP's hidden layer."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["p"], name="mm"),
+        helper.make_node("Add", ["p", "b"], ["y"], name="bias"),
+        helper.make_node("Relu", ["y"], ["out"], name="relu"),
+    ]
+    outputs = ["out", "y"] if read_elsewhere else ["out"]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 40])],
+        [
+            helper.make_tensor_value_info(o, TensorProto.FLOAT, [2, 5, 70])
+            for o in outputs
+        ],
+        [
+            numpy_helper.from_array(_f32(40, 70), "w"),
+            numpy_helper.from_array(_f32(70), "b"),
+        ],
+    )
+    return model_of(graph, 17)
+
+
+@pytest.mark.parametrize("read_elsewhere", [False, True])
+def test_a_relu_after_the_bias_joins_the_matmul_bias(read_elsewhere: bool) -> None:
+    """Alone it joins (``activation="relu"``); where the sum is read
+    elsewhere it stays a node of its own. Both match ONNX Runtime."""
+    model = _relu_mlp_model(read_elsewhere)
+    done = rewrite(model)
+    if read_elsewhere:
+        assert _ops(done.model) == ["MatMulBias", "Relu"]
+    else:
+        assert _ops(done.model) == ["MatMulBias"]
+        fused = done.model.graph.node[0]
+        assert helper.get_attribute_value(fused.attribute[0]) == b"relu"
+        assert list(fused.output) == ["out"]
+    x = np.random.default_rng(8).standard_normal((2, 5, 40)).astype(np.float32)
+    _check(model, {"x": x})

@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 from asyncrt import graph_executor
 from asyncrt.frontend import from_onnx
 from asyncrt.ops import _jit, _packed, _panel_gemm
-from asyncrt.runtime import _threads
+from asyncrt.runtime import _native_team, _threads
 
 pytestmark = pytest.mark.skipif(not _jit.available(), reason="numba not installed")
 
@@ -43,9 +43,9 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     seen: list[tuple[int, ...]] = []
     bind = _panel_gemm.bind
 
-    def spy(a: Any, b: Any, out: Any, *args: Any) -> Any:
+    def spy(a: Any, b: Any, out: Any, *args: Any, **kwargs: Any) -> Any:
         seen.append(b.shape)
-        return bind(a, b, out, *args)
+        return bind(a, b, out, *args, **kwargs)
 
     monkeypatch.setattr(_panel_gemm, "bind", spy)
     return seen
@@ -111,6 +111,44 @@ def test_more_threads_than_panels_split_the_rows(
     out = np.full((100, 10), np.nan, np.float32)
     _panel_gemm.bind(a, b, out)()
     _close(out, a, b)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("bias", "relu"), [(True, False), (True, True), (False, True)])
+@pytest.mark.parametrize(("rows", "cols"), [(13, 70), (8, 64), (3, 5)])
+def test_the_epilogue_gives_the_passes_bits(
+    monkeypatch: pytest.MonkeyPatch,
+    threads: int,
+    bias: bool,
+    relu: bool,
+    rows: int,
+    cols: int,
+) -> None:
+    """Bias and ReLU applied as blocks are stored give the bits of ``add``
+    and ``maximum`` run after the same product (NaN kept), whole panels and
+    cut ones alike."""
+    monkeypatch.setattr(_threads.limits, "threads", threads)
+    a, b = _float(rows, 96), _float(96, cols)
+    a[1, 3] = np.nan  # a row of NaN, kept by ReLU
+    shift = _float(cols)
+    product = np.empty((rows, cols), np.float32)
+    _panel_gemm.bind(a, b, product)()
+    want = product + shift if bias else product.copy()
+    if relu:
+        np.maximum(want, 0, out=want)
+    out = np.full((rows, cols), np.inf, np.float32)
+    _panel_gemm.bind(a, b, out, bias=shift if bias else None, relu=relu)()
+    np.testing.assert_array_equal(out, want)
+    assert np.isnan(out[1]).all()
+
+
+def test_what_bias_it_takes() -> None:
+    out = np.empty((4, 6), np.float32)
+    assert _panel_gemm.takes_bias(_float(6), out)
+    assert not _panel_gemm.takes_bias(_float(6).astype(np.float64), out)
+    assert not _panel_gemm.takes_bias(_float(1, 6), out)
+    assert not _panel_gemm.takes_bias(_float(12)[::2], out)
+    assert not _panel_gemm.takes_bias(_float(5), out)
 
 
 def test_non_finite_values_land_where_a_sum_of_products_puts_them() -> None:
@@ -179,33 +217,37 @@ def test_concurrent_callers_each_get_their_product(
         _close(out, a, b)
 
 
-def test_the_pool_is_not_entered_where_it_is_unsafe(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A process forked after the pool started, or a threading layer that
-    takes one launching thread at a time, computes on the calling thread."""
+def test_no_team_where_it_is_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a process forked after a team ran (GNU OpenMP does not survive a
+    fork), or without libgomp, the product runs on the calling thread."""
     monkeypatch.setattr(_threads.limits, "threads", 2)
-    monkeypatch.setattr(_panel_gemm, "_started", (os.getpid() + 1, True))
-    assert not _panel_gemm._parallel_ok()
-    launched: list[int] = []
-    monkeypatch.setattr(
-        _panel_gemm,
-        "_kernels",
-        lambda: (_kernels()[0], lambda *args: launched.append(1)),
-    )
-    a, b = _float(20, 30), _float(30, 100)
+    launches: list[int] = []
+    parallel = _native_team._gomp_parallel()
+    if parallel is None:
+        pytest.skip("no libgomp here")
+
+    def spy(*args: Any) -> None:
+        launches.append(args[2])
+        parallel(*args)
+
+    monkeypatch.setattr(_native_team, "_gomp_parallel", lambda: spy)
+    a, b = _float(20, 300), _float(300, 100)
     out = np.full((20, 100), np.nan, np.float32)
-    _panel_gemm.bind(a, b, out)()
+    call = _panel_gemm.bind(a, b, out)
+    call()
+    assert launches == [2]  # (large enough to split: a team of two)
     _close(out, a, b)
-    assert not launched
-    import numba
-
-    monkeypatch.setattr(_panel_gemm, "_started", None)
-    monkeypatch.setattr(numba, "threading_layer", lambda: "workqueue")
-    assert not _panel_gemm._parallel_ok()
-
-
-_kernels = _panel_gemm._kernels
+    monkeypatch.setattr(_native_team, "_launched_in", os.getpid() + 1)
+    out[...] = np.nan
+    call()
+    _close(out, a, b)
+    assert launches == [2]
+    monkeypatch.setattr(_native_team, "_launched_in", None)
+    monkeypatch.setattr(_native_team, "_gomp_parallel", lambda: None)
+    out[...] = np.nan
+    call()
+    _close(out, a, b)
+    assert launches == [2]
 
 
 def _matmul_model(depth: int, cols: int, bias: bool) -> onnx.ModelProto:

@@ -1,0 +1,97 @@
+"""Native threads for compiled kernels: GNU OpenMP's team, entered through
+ctypes.
+
+A kernel split over the part pool (:mod:`asyncrt.runtime._part_pool`)
+hands its parts to Python threads: each must take the GIL to start, and on
+the 2-core VM a sleeping one wakes 30-60 us later, as long as a GEMM of a
+served request. Here a compiled kernel is a numba ``cfunc`` taking one
+pointer, ``work(data)``, and :func:`launcher` runs it on ``threads``
+native threads at once (``GOMP_parallel``: the caller is one of them) with
+the GIL released: an empty launch takes 2.5 us on 2 cores. The threads
+take parts from a counter in ``data`` (an atomic add: ``claim_`` in
+:data:`asyncrt.ops._vector_ir.CLAIMS`) until none is left, so a thread the
+machine does not run for a while leaves its parts to the others.
+
+numba's own ``parallel=True`` runs on the same OpenMP runtime, but each
+such function compiles its callees again (a GEMM's: 8 s cold, against 1.3
+for the cfunc) and its layer may be ``workqueue``, which takes one
+launching thread at a time. GNU OpenMP takes launches from any number of
+threads at once (each a team of its own). It does not survive a fork: in
+a process forked after this module first launched a team, and where
+libgomp is not found, :func:`launcher`'s calls run ``work`` on the calling
+thread alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ("launcher", "teams_available")
+
+_WORK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_lock = threading.Lock()
+_parallel: Any = None  # GOMP_parallel, once looked up
+_looked_up = False
+#: The process that first launched a team (None: none has).
+_launched_in: int | None = None
+
+
+def _gomp_parallel() -> Any:
+    """libgomp's ``GOMP_parallel(fn, data, num_threads, flags)``, or
+    ``None`` where libgomp is not found."""
+    global _parallel, _looked_up
+    with _lock:
+        if not _looked_up:
+            _looked_up = True
+            name = ctypes.util.find_library("gomp") or "libgomp.so.1"
+            try:
+                function: Any = ctypes.CDLL(name).GOMP_parallel
+            except (OSError, AttributeError):
+                function = None
+            else:
+                function.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.c_void_p,
+                    ctypes.c_uint,
+                    ctypes.c_uint,
+                ]
+                function.restype = None
+            _parallel = function
+        return _parallel
+
+
+def teams_available() -> bool:
+    """Whether :func:`launcher`'s calls may run on several threads here."""
+    global _launched_in
+    if _gomp_parallel() is None:
+        return False
+    pid = os.getpid()
+    if _launched_in is None:
+        _launched_in = pid
+    return _launched_in == pid
+
+
+def launcher(address: int) -> Callable[[int, int], None]:
+    """``run(data, threads)``: the compiled ``void work(void *data)`` at
+    ``address`` called on ``threads`` threads at once (the caller among
+    them), or on the caller alone where teams are not available (see the
+    module docstring) or ``threads`` <= 1; returns when every call has.
+
+    ``work`` must not raise (a cfunc's errors are not propagated) and must
+    share the work through ``data`` (each thread calls it with the same
+    pointer).
+    """
+    alone = _WORK(address)
+
+    def run(data: int, threads: int) -> None:
+        if threads > 1 and teams_available():
+            _gomp_parallel()(address, data, threads, 0)
+        else:
+            alone(data)
+
+    return run

@@ -1,0 +1,96 @@
+"""Compiled kernels on a native team (GNU OpenMP's threads entered through
+ctypes): every part taken exactly once, by one thread or several; launches
+from many Python threads at once; the calling thread alone where there is
+no team."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncrt.ops import _jit
+from asyncrt.ops._vector_ir import CLAIMS, compile_vectors
+from asyncrt.runtime import _native_team
+
+pytestmark = pytest.mark.skipif(not _jit.available(), reason="numba not installed")
+
+# data's slots: next part, parts, the address of a float32 array of one
+# cell a part; each part adds its index plus one to its cell
+_SOURCE = """
+{claims}
+
+
+@numba.cfunc(types.void(types.voidptr), cache=True, nopython=True)
+def mark(data):
+    d = numba.carray(slots_(data), 3)
+    cells = numba.carray(floats_(d[2]), d[1])
+    while True:
+        i = claim_(data)
+        if i >= d[1]:
+            return
+        cells[i] += i + 1
+"""
+
+
+def _run() -> Any:
+    kernel: Any = compile_vectors("test_native_team", _SOURCE, "mark", claims=CLAIMS)
+    return _native_team.launcher(int(kernel.address))
+
+
+def _job(parts: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    cells = np.zeros(parts, np.float32)
+    data = np.array([0, parts, cells.ctypes.data], np.int64)
+    return cells, data
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+@pytest.mark.parametrize("parts", [0, 1, 2, 7, 64])
+def test_every_part_is_taken_once(threads: int, parts: int) -> None:
+    run = _run()
+    cells, data = _job(parts)
+    run(data.ctypes.data, threads)
+    np.testing.assert_array_equal(cells, np.arange(1, parts + 1))
+    assert data[0] >= parts  # (each thread's last claim finds none left)
+
+
+def test_launches_from_many_threads_at_once() -> None:
+    run = _run()
+    jobs = [_job(50) for _ in range(8)]
+
+    def launch(job: tuple[Any, Any]) -> None:
+        data = job[1]
+        for _ in range(100):
+            data[0] = 0
+            run(data.ctypes.data, 2)
+
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        list(pool.map(launch, jobs))
+    for cells, _ in jobs:
+        np.testing.assert_array_equal(cells, 100 * np.arange(1, 51))
+
+
+def test_without_a_team_the_caller_runs_every_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process forked after a team ran, or no libgomp: no team."""
+    run = _run()
+    launched: list[int] = []
+    monkeypatch.setattr(
+        _native_team, "_gomp_parallel", lambda: lambda *args: launched.append(1)
+    )
+    monkeypatch.setattr(_native_team, "_launched_in", os.getpid() + 1)
+    assert not _native_team.teams_available()
+    cells, data = _job(9)
+    run(data.ctypes.data, 4)
+    np.testing.assert_array_equal(cells, np.arange(1, 10))
+    monkeypatch.setattr(_native_team, "_launched_in", None)
+    monkeypatch.setattr(_native_team, "_gomp_parallel", lambda: None)
+    assert not _native_team.teams_available()
+    cells, data = _job(9)
+    run(data.ctypes.data, 4)
+    np.testing.assert_array_equal(cells, np.arange(1, 10))
+    assert not launched
