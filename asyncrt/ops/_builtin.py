@@ -31,7 +31,16 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from ..runtime import _threads
-from . import _blocks, _epijit, _jit, _jitbroadcast, _jitcast, _jitfuse, _panel_gemm
+from . import (
+    _blocks,
+    _epijit,
+    _jit,
+    _jitbroadcast,
+    _jitcast,
+    _jitfuse,
+    _panel_gemm,
+    _team_blas,
+)
 from ._common import in_turn, quiet
 from ._kernels import Bindable, FlopsFunction
 from ._library import FusionTemplate, builtin
@@ -531,6 +540,8 @@ def bind_matmul(
         return _panel_gemm.bind(a, b, out, crowded_blocks(a, b))
     if stacked_as_one_gemm(a, b, out):
         a, out = a.reshape(-1, a.shape[-1]), out.reshape(-1, out.shape[-1])
+    if _team_blas.takes(a, b, out):  # (it splits crowded products itself)
+        return _team_blas.bind(a, b, out)
     whole = functools.partial(matmul, a, b, out=out)
     rows = a.shape[0] if a.ndim == 2 else 0
     if not (

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _banded, _common, _scratch
+from . import _banded, _common, _scratch, _team_blas
 from ._common import Array
 from ._conv_epilogue import add_bias_activation, bind_bias_activation
 
@@ -269,7 +269,7 @@ def bind_stride1(
     out_spatial = out.shape[2:]
     layout, weights, bias_view = _setup(x, w, bias, out, group, begin, dilations)
     length, mg = layout.length, m // group
-    copyto, matmul = xp.copyto, xp.matmul
+    copyto, matmul = xp.copyto, (_team_blas.matmul if xp is np else xp.matmul)
     if layout.direct:
         cols = x.reshape(n, group, cg, length)
         result = out.reshape(n, group, mg, length)

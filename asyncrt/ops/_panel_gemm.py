@@ -70,45 +70,67 @@ MAX_DEPTH = 4096
 MIN_PARALLEL_WORK = 500_000
 _LANES = 16
 _FLOAT32 = np.dtype(np.float32)
-#: The epilogue's flags: the bias added, then ReLU.
-_BIAS, _RELU = 1, 2
+#: The epilogue's flags (``COMMON_SOURCE``'s ``BIAS`` and ``RELU``): the
+#: bias added, then ReLU.
+BIAS_FLAG, RELU_FLAG = 1, 2
 #: The int64 slots of ``gemm_claimed``'s data: the next part, parts, m,
 #: depth, width, panels, flags, the addresses of a, panels, out and bias,
 #: the bias's length.
 _SLOTS = 12
 #: The bias argument of a product without one (never read).
-_NO_BIAS = np.zeros(1, _FLOAT32)
+_NOBIAS_FLAG = np.zeros(1, _FLOAT32)
 
-_SOURCE = """
+#: What the panel kernels' generated modules share (this one's and
+#: :mod:`asyncrt.ops._panel_conv`'s): the team's intrinsics, the epilogue,
+#: fused multiply-adds and broadcasts.
+COMMON_SOURCE = """
 import functools
 
 {claims}
 
-SLOTS = {slots}
-ROWS, VECTORS = {rows}, {vectors}
-LANES = {lanes}
 BIAS, RELU = {bias}, {relu}  # the epilogue's flags
-PANEL = VECTORS * LANES
 
 
-def _finish(b, e, value, bias_, column, flags, lanes):
-    # value + bias[column:] where flags has BIAS, then max(value, 0) where
-    # it has RELU (NaN kept, as np.maximum); lanes: value's width (1: a
-    # scalar at column)
+def _finish(b, e, value, shift_of, flags):
+    # value + shift_of() where flags has BIAS (the bias loaded there only),
+    # then max(value, 0) where it has RELU (NaN kept, as np.maximum)
     biased = b.icmp_signed("!=", b.and_(flags, e.const(BIAS)), e.const(0))
     rectified = b.icmp_signed("!=", b.and_(flags, e.const(RELU)), e.const(0))
     slot = cgutils.alloca_once_value(b, value)
     with b.if_then(biased):
-        if lanes == 1:
-            shift = b.load(b.gep(bias_.data, [column]))
-        else:
-            shift = e.load(bias_, column)
-        b.store(b.fadd(b.load(slot), shift), slot)
+        b.store(b.fadd(b.load(slot), shift_of()), slot)
     with b.if_then(rectified):
         v = b.load(slot)
-        zero = ir.Constant(v.type, 0.0) if lanes == 1 else e.splat(0.0)
+        zero = ir.Constant(v.type, None)
         b.store(b.select(b.fcmp_ordered("<", v, zero), zero, v), slot)
     return b.load(slot)
+
+
+def _fma(b, vector):
+    # llvm.fma for vectors of this type
+    return cgutils.get_or_insert_function(
+        b.module,
+        ir.FunctionType(vector, [vector] * 3),
+        f"llvm.fma.v{vector.count}f32",
+    )
+
+
+def _broadcast(b, vector, x):
+    # the float x in every lane of a vector of this type
+    i32 = ir.IntType(32)
+    x = b.insert_element(ir.Constant(vector, ir.Undefined), x, ir.Constant(i32, 0))
+    return b.shuffle_vector(x, x, ir.Constant(ir.VectorType(i32, vector.count), None))
+
+
+"""
+
+_SOURCE = (
+    COMMON_SOURCE
+    + """
+SLOTS = {slots}
+ROWS, VECTORS = {rows}, {vectors}
+LANES = {lanes}
+PANEL = VECTORS * LANES
 
 
 def _store_lanes(b, e, totals, out_, bias_, start, col0, count, flags):
@@ -124,7 +146,9 @@ def _store_lanes(b, e, totals, out_, bias_, start, col0, count, flags):
     with cgutils.for_range(b, count) as loop:
         j = loop.index
         value = b.load(b.gep(first, [j]))
-        value = _finish(b, e, value, bias_, b.add(col0, j), flags, 1)
+        column = b.add(col0, j)
+        shift_of = lambda: b.load(b.gep(bias_.data, [column]))  # noqa: E731
+        value = _finish(b, e, value, shift_of, flags)
         b.store(value, b.gep(out_.data, [b.add(start, j)]))
 
 
@@ -151,12 +175,7 @@ def _emit_block(rows, context, builder, signature, args):
     m0, p, flags = args[4:]
     depth = cgutils.unpack_tuple(b, a_.shape, 2)[1]
     width = cgutils.unpack_tuple(b, out_.shape, 2)[1]
-    i32 = ir.IntType(32)
-    fma = cgutils.get_or_insert_function(
-        b.module,
-        ir.FunctionType(e.vector, [e.vector] * 3),
-        f"llvm.fma.v{LANES}f32",
-    )
+    fma = _fma(b, e.vector)
     # accumulators in stack slots: LLVM keeps them in registers
     sums = [
         [cgutils.alloca_once_value(b, e.splat(0.0)) for _ in range(VECTORS)]
@@ -164,8 +183,6 @@ def _emit_block(rows, context, builder, signature, args):
     ]
     starts = [b.mul(b.add(m0, e.const(r)), depth) for r in range(rows)]
     panel = e.index((p, depth, e.const(PANEL)))
-    splat = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
-    empty = ir.Constant(e.vector, ir.Undefined)
     with cgutils.for_range(b, depth) as loop:
         k = loop.index
         at = b.add(panel, b.mul(k, e.const(PANEL)))
@@ -173,9 +190,7 @@ def _emit_block(rows, context, builder, signature, args):
             e.load(panels_, b.add(at, e.const(v * LANES))) for v in range(VECTORS)
         ]
         for r in range(rows):
-            x = b.load(b.gep(a_.data, [b.add(starts[r], k)]))
-            x = b.insert_element(empty, x, ir.Constant(i32, 0))
-            x = b.shuffle_vector(x, x, splat)
+            x = _broadcast(b, e.vector, b.load(b.gep(a_.data, [b.add(starts[r], k)])))
             for v in range(VECTORS):
                 slot = sums[r][v]
                 b.store(b.call(fma, [x, column[v], b.load(slot)]), slot)
@@ -188,7 +203,9 @@ def _emit_block(rows, context, builder, signature, args):
             with full:
                 for v, total in enumerate(totals):
                     at = e.const(v * LANES)
-                    value = _finish(b, e, total, bias_, b.add(col0, at), flags, LANES)
+                    column = b.add(col0, at)
+                    shift_of = lambda c=column: e.load(bias_, c)  # noqa: E731
+                    value = _finish(b, e, total, shift_of, flags)
                     e.store(value, out_, b.add(start, at))
             with cut:  # the last panel of a width not a multiple of PANEL
                 count = b.sub(width, col0)
@@ -246,6 +263,14 @@ def gemm_claimed(data):
             bottom = min(m, ROWS * (blocks * (i + 1) // parts))
             gemm(a, panels, out, bias, flags, 0, count, top, bottom)
 """
+)
+
+#: :data:`COMMON_SOURCE`'s values.
+COMMON_VALUES: dict[str, Any] = {
+    "claims": CLAIMS,
+    "bias": BIAS_FLAG,
+    "relu": RELU_FLAG,
+}
 
 
 @functools.cache
@@ -253,13 +278,11 @@ def _kernel_address() -> int:
     """The address of ``void gemm_claimed(void *data)``, compiled (or
     loaded from numba's disk cache)."""
     values = {
-        "claims": CLAIMS,
+        **COMMON_VALUES,
         "slots": _SLOTS,
         "rows": ROWS,
         "vectors": PANEL // _LANES,
         "lanes": _LANES,
-        "bias": _BIAS,
-        "relu": _RELU,
     }
     kernel: Any = compile_vectors(
         "asyncrt_panel_gemm", _SOURCE, "gemm_claimed", **values
@@ -331,11 +354,12 @@ def bind(
         shares wait for a thread the machine is not running); 1: never.
     """
     run = _native_team.launcher(_kernel_address())
+    _native_team.use()
     panels = _packed.shared("panel_gemm", b, pack)
     rows, cols = a.reshape(-1, a.shape[-1]), out.reshape(-1, out.shape[-1])
-    shift = _NO_BIAS if bias is None else bias
+    shift = _NOBIAS_FLAG if bias is None else bias
     m, depth, count = rows.shape[0], rows.shape[1], panels.shape[0]
-    flags = (0 if bias is None else _BIAS) | (_RELU if relu else 0)
+    flags = (0 if bias is None else BIAS_FLAG) | (RELU_FLAG if relu else 0)
     data = np.array(
         [0, 1, m, depth, cols.shape[1], count, flags]
         + [x.ctypes.data for x in (rows, panels, cols, shift)]

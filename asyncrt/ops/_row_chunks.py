@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _jit
+from . import _jit, _team_blas
 from ._common import Array
 from ._conv_epilogue import bind_bias_activation
 
@@ -160,7 +160,7 @@ def bind_row_chunks(
     _jit.specialise(gather, (phases, cols, taps, 0, rows, out_w))
     bias_view = None if bias is None else bias.reshape(1, m, 1, 1)
     epilogue = bind_bias_activation(np, out, bias_view, out, activation)
-    copyto, matmul = np.copyto, np.matmul
+    copyto, matmul = np.copyto, _team_blas.matmul
 
     def split(image: int) -> None:
         """The image's padded cells into their phases."""

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _common, _scratch
+from . import _common, _scratch, _team_blas
 from ._common import Array
 from ._conv_epilogue import bind_bias_activation
 
@@ -138,7 +138,7 @@ def bind_strided(
     bias_view = None if bias is None else bias.reshape(1, m, *(1,) * rank)
     cells = n * c * len(taps) * positions
     cells += n * c * math.prod(extents) * (int(pads) + int(phased))
-    copyto, matmul = xp.copyto, xp.matmul
+    copyto, matmul = xp.copyto, (_team_blas.matmul if xp is np else xp.matmul)
 
     shapes = (
         *((padded_shape,) if pads else ()),

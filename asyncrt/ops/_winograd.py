@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime import _threads
-from . import _common, _jit, _packed, _scratch, _winograd4
+from . import _common, _jit, _packed, _scratch, _team_blas, _winograd4
 from ._common import Array
 from ._im2col import CHUNK_BYTES
 
@@ -473,7 +473,11 @@ def bind_winograd(
                 per_part=frozenset(range(5, 5 + len(out_scratch))),
                 trailing=(relu,),
             )
-            gemms = functools.partial(np.matmul, u, v, out=m)
+            gemms = (
+                _team_blas.bind(u, v, m)  # the positions' GEMMs over the team
+                if _team_blas.takes(u, v, m)
+                else functools.partial(np.matmul, u, v, out=m)
+            )
             made.append((transform_in, gemms, transform_out))
         return made
 

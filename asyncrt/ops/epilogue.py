@@ -59,7 +59,7 @@ import numpy as np
 from scheduler.dag import TensorSpec
 
 from ..runtime import _threads
-from . import _epijit, _jit, _panel_gemm
+from . import _epijit, _jit, _panel_gemm, _team_blas
 from ._builtin import SOFTMAX_SPLIT_ELEMENTS, bind_matmul, crowded_blocks
 from ._common import BOUND_SCRATCH_BYTES, Array, choice, flag, integer, number
 from ._kernels import Bindable
@@ -449,6 +449,9 @@ def _matmul_views(xp: ModuleType, attrs: Attrs) -> Kernel:
                 xp.copyto(result, matmul(left, right))
 
             return through_temporary
+        if _team_blas.takes(left, right, result):
+            # every head on the team, BLAS reading the views as they are
+            return _team_blas.bind(left, right, result)
         if not _copies_right(right):
             return functools.partial(matmul, left, right, out=result)
         keep = right.nbytes <= BOUND_SCRATCH_BYTES

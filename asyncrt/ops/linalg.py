@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from scheduler.dag import TensorSpec
 
+from . import _panel_gemm
+from ._builtin import crowded_blocks
 from ._common import Array, flag, number
 from ._kernels import Bindable
 from ._library import Attrs, define
@@ -31,14 +34,34 @@ def _gemm(xp: ModuleType, attrs: Attrs) -> Kernel:
     trans_a, trans_b = flag(attrs, "trans_a"), flag(attrs, "trans_b")
     has_c = flag(attrs, "bias")
 
-    def bind(a: Array, b: Array, *rest: Array) -> Callable[[], None]:
+    def bind(
+        a: Array, b: Array, *rest: Array, constant: frozenset[int] = frozenset()
+    ) -> Callable[[], None]:
         out = rest[-1]
         left, right = a.T if trans_a else a, b.T if trans_b else b
         c = rest[0] if has_c and beta != 0 else None
         matmul, multiply, add = xp.matmul, xp.multiply, xp.add
+        if 1 in constant and _panel_gemm.takes(left, right, out):
+            # B a parameter: packed once (transposed or not), the bias added
+            # as the product is stored where nothing comes between them
+            fused = (
+                c is not None
+                and alpha == 1
+                and beta == 1
+                and _panel_gemm.takes_bias(c, out)
+            )
+            blocks = crowded_blocks(left, right)
+            packed = _panel_gemm.bind(
+                left, right, out, blocks, bias=c if fused else None
+            )
+            if fused:
+                return packed
+            multiplied = packed
+        else:
+            multiplied = functools.partial(matmul, left, right, out=out)
 
         def product() -> None:
-            matmul(left, right, out=out)
+            multiplied()
             if alpha != 1:
                 multiply(out, alpha, out, casting="unsafe")
             if c is not None:
@@ -50,4 +73,4 @@ def _gemm(xp: ModuleType, attrs: Attrs) -> Kernel:
     def gemm(a: Array, b: Array, *rest: Array) -> None:
         bind(a, b, *rest)()
 
-    return Bindable(gemm, bind)
+    return Bindable(gemm, bind, takes_constant=True)

@@ -46,6 +46,7 @@ from . import (
     _epijit,
     _jit,
     _jitlrn,
+    _panel_conv,
     _poolvector,
     _row_chunks,
     _scratch,
@@ -275,6 +276,39 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             activation=activation,
         )
 
+    def packed_pointwise(x: Array, w: Array, *rest: Array) -> Callable[[], None] | None:
+        """A 1x1 convolution of one group at stride 1 without padding,
+        float32 parameters for weights: each image's plane is the column
+        matrix, times the weights packed once
+        (:mod:`asyncrt.ops._panel_conv`), the bias and ReLU added as it
+        stores (hard-swish a pass after it); ``None`` for any other."""
+        out, bias = rest[-1], rest[0] if has_bias else None
+        n, c = x.shape[:2]
+        k = w.shape[0]
+        begin, end, _ = geometry.padding(x.shape[2:], out.shape[2:])
+        if not (
+            group == 1
+            and all(size == 1 for size in geometry.kernel)
+            and all(step == 1 for step in geometry.strides)
+            and not any(begin)
+            and not any(end)
+            and activation in ("none", "relu", "hard_swish")
+            and all(isinstance(a, np.ndarray) for a in (x, w, out))
+        ):
+            return None
+        planes = (n, -1, math.prod(out.shape[2:]))
+        matrix, product = x.reshape(planes), out.reshape(planes)
+        weights = w.reshape(k, c)
+        if not _panel_conv.takes(weights, matrix, product, bias):
+            return None
+        call = _panel_conv.bind(
+            weights, matrix, product, bias=bias, relu=activation == "relu"
+        )
+        if activation == "hard_swish":
+            after = _conv_epilogue.bind_bias_activation(xp, out, None, out, activation)
+            return functools.partial(_then, call, after)
+        return call
+
     # What Winograd's exact path computes before the activation it leaves
     # to a pass of its own (hard-swish) or applies itself (ReLU).
     exact_before = (
@@ -326,6 +360,10 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
                 return functools.partial(_then, fast, after)
             if fast is not None:
                 return fast
+        if out.size and 1 in constant:
+            pointwise = packed_pointwise(x, w, *rest)
+            if pointwise is not None:
+                return pointwise
         if out.size and w.size and x.dtype != np.float16:
             gathered = strided(x, w, *rest)
             if gathered is not None:

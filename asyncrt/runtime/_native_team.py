@@ -31,7 +31,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ("launcher", "teams_available")
+from . import _threads
+
+__all__ = ("launcher", "teams_available", "use")
 
 _WORK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _lock = threading.Lock()
@@ -74,6 +76,15 @@ def teams_available() -> bool:
     if _launched_in is None:
         _launched_in = pid
     return _launched_in == pid
+
+
+def use() -> None:
+    """Say that a kernel bound now runs on the team: where teams run here,
+    BLAS's own pool is held to one thread from now on
+    (:meth:`ThreadLimits.put_blas_on_team
+    <asyncrt.runtime._threads.ThreadLimits.put_blas_on_team>`)."""
+    if not _threads.limits.blas_on_team and teams_available():
+        _threads.limits.put_blas_on_team()
 
 
 def launcher(address: int) -> Callable[[int, int], None]:

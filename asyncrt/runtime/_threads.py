@@ -72,6 +72,13 @@ into row blocks over the part pool (:attr:`ThreadLimits.gemm_parts`),
 whose threads take each other's blocks where BLAS's would wait: GPT-2
 beside two such processes 60 -> 36-38 ms (ONNX Runtime 51-58).
 
+**Products on the native team.** asyncrt's float32 products run on
+GNU OpenMP's threads (:mod:`asyncrt.runtime._native_team`; the packed
+kernels and one ``cblas_sgemm`` call a part), sized by ``threads``. Once
+such a kernel is bound, BLAS's own pool is held to one thread while leases
+are held (:meth:`ThreadLimits.put_blas_on_team`): two pools of spinning
+threads on the same cores wait for each other's helpers.
+
 **Services.** ``kernel_threads="throughput"`` sizes the pools for
 ``R = max_contexts`` runs at once, whether they come or not:
 ``T = max(1, C // (S * R))`` (as ONNX Runtime servers set
@@ -268,6 +275,11 @@ class ThreadLimits:
         #: threads the run would have had.
         self.gemm_parts = 1
         self._crowded_out = 1
+        #: Whether products run on the native team (asyncrt.ops'
+        #: ``_panel_gemm``, ``_panel_conv``, ``_team_blas``): BLAS's own pool
+        #: is then held to one thread while leases are held, ``threads``
+        #: sizing the team (see :meth:`put_blas_on_team`).
+        self.blas_on_team = False
 
     def acquire(
         self,
@@ -306,6 +318,21 @@ class ThreadLimits:
                 self._applied = None
             self._apply(numexpr=True)
         return ThreadLease(self, key, threads, shared)
+
+    def put_blas_on_team(self) -> None:
+        """From now on, in this process, hold BLAS's own pool to one thread
+        while leases are held: products run on the native team
+        (:mod:`asyncrt.runtime._native_team`), whose kernels call BLAS one
+        thread a part. Two pools of spinning threads on the same cores
+        wait for each other's helpers: MobileNetV3 took 8 ms a run instead
+        of 2.2 with its classifier on OpenBLAS's two threads and its
+        convolutions on the team."""
+        with self._lock:
+            if self.blas_on_team:
+                return
+            self.blas_on_team = True
+            if self._applied is not None:
+                self._pools.limit(1)
 
     def _release(self, key: int) -> None:
         with self._lock:
@@ -384,7 +411,7 @@ class ThreadLimits:
             if wanted is None:
                 self._pools.restore()
             else:
-                self._pools.limit(wanted)
+                self._pools.limit(1 if self.blas_on_team else wanted)
             self.threads = 1 if wanted is None else wanted
             self._applied = wanted
         # Helpers of a native pool spin on the cores after each call of an

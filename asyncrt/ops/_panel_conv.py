@@ -1,0 +1,280 @@
+"""A convolution's GEMM, ``out (K, P) = W (K, D) @ X (D, P)`` per image,
+with the weights packed once, in explicit LLVM vectors (float32), on
+native threads.
+
+A convolution in NCHW is a GEMM whose constant operand is on the left:
+``W`` (output channels x input channels x taps) times the column matrix
+``X`` (a 1x1 convolution's input plane itself, or im2col's columns), one
+row of the result per output plane. :mod:`asyncrt.ops._panel_gemm` packs
+a constant right operand; here ``W`` is packed into blocks of
+:data:`ROWS` output channels, each ``(D, ROWS)`` contiguous
+(:func:`pack`, shared by value), and the micro-kernel keeps 8 channels x
+32 positions of the result in sixteen vector registers: per ``d``, two
+vector loads of ``X``'s row and each channel's weight broadcast into two
+fused multiply-adds. Positions left over take a block of 16, then one at
+a time; channels past ``K`` (the last block's zero padding) are not
+stored. The bias (one per channel) and ReLU are added as blocks are
+stored (:data:`asyncrt.ops._panel_gemm.COMMON_SOURCE`'s epilogue).
+
+BLAS packs ``W`` on every call and hands the product to its threads, which
+costs most at the small planes of a MobileNet's pointwise convolutions
+(49 to 784 positions). Here the parts (images x blocks of channels x runs
+of positions) go to a native team (:mod:`asyncrt.runtime._native_team`)
+from :data:`asyncrt.ops._panel_gemm.MIN_PARALLEL_WORK` multiply-adds.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..runtime import _native_team, _threads
+from . import _packed
+from ._common import Array
+from ._panel_gemm import (
+    BIAS_FLAG,
+    COMMON_SOURCE,
+    COMMON_VALUES,
+    MIN_PARALLEL_WORK,
+    RELU_FLAG,
+)
+from ._vector_ir import compile_vectors
+
+__all__ = ("ROWS", "bind", "pack")
+
+#: Output channels a block computes (x 32 positions).
+ROWS = 8
+_LANES = 16
+#: Positions a block of vectors covers.
+_WIDE = 2 * _LANES
+_FLOAT32 = np.dtype(np.float32)
+_NOBIAS_FLAG = np.zeros(1, _FLOAT32)
+#: The int64 slots of ``conv_claimed``'s data: the next part, parts,
+#: images, K, D, P, channel blocks, flags, the addresses of the packed
+#: weights, x (and its image stride, in floats), out (and its image
+#: stride), bias and its length; the parts per image: runs of channel
+#: blocks, runs of 32 positions.
+_SLOTS = 17
+
+_SOURCE = (
+    COMMON_SOURCE
+    + """
+SLOTS = {slots}
+ROWS = {rows}
+
+
+def _block(vectors, lanes):
+    # an intrinsic block_(w, x, out, bias, kb, c0, flags): out[8 kb : 8 kb
+    # + ROWS, c0 : c0 + vectors * lanes] = w[kb] (D, ROWS) transposed @
+    # x[:, c0 : ...], finished (_finish); channels past out's rows are
+    # not stored
+    def block_(typingctx, w, x, out, bias, kb, c0, flags):
+        if not (
+            _is_float_array(w, 3) and _is_float_array(x, 2)
+            and _is_float_array(out, 2) and _is_float_array(bias, 1)
+        ):
+            return None
+        sig = types.void(w, x, out, bias, types.intp, types.intp, types.intp)
+        return sig, functools.partial(_emit_block, vectors, lanes)
+
+    return intrinsic(block_)
+
+
+def _emit_block(vectors, lanes, context, builder, signature, args):
+    b = builder
+    e = _Emit(context, builder, lanes)
+    w_, x_, out_, bias_ = e.arrays(signature, args, 4)
+    kb, c0, flags = args[4:]
+    depth, width = cgutils.unpack_tuple(b, x_.shape, 2)
+    channels = cgutils.unpack_tuple(b, out_.shape, 2)[0]
+    fma = _fma(b, e.vector)
+    sums = [
+        [cgutils.alloca_once_value(b, e.splat(0.0)) for _ in range(vectors)]
+        for _ in range(ROWS)
+    ]
+    block = b.mul(b.mul(kb, depth), e.const(ROWS))
+    with cgutils.for_range(b, depth) as loop:
+        d = loop.index
+        row = b.add(b.mul(d, width), c0)
+        xs = [e.load(x_, b.add(row, e.const(v * lanes))) for v in range(vectors)]
+        at = b.add(block, b.mul(d, e.const(ROWS)))
+        for r in range(ROWS):
+            weight = b.load(b.gep(w_.data, [b.add(at, e.const(r))]))
+            weight = _broadcast(b, e.vector, weight)
+            for v in range(vectors):
+                slot = sums[r][v]
+                b.store(b.call(fma, [weight, xs[v], b.load(slot)]), slot)
+    k0 = b.mul(kb, e.const(ROWS))
+    for r in range(ROWS):
+        channel = b.add(k0, e.const(r))
+        with b.if_then(b.icmp_signed("<", channel, channels), likely=True):
+            start = b.add(b.mul(channel, width), c0)
+            shift_of = lambda c=channel: _broadcast(  # noqa: E731
+                b, e.vector, b.load(b.gep(bias_.data, [c]))
+            )
+            for v in range(vectors):
+                value = _finish(b, e, b.load(sums[r][v]), shift_of, flags)
+                e.store(value, out_, b.add(start, e.const(v * lanes)))
+    return None
+
+
+# 32 positions a block; those left, 16 at once, the last few by a block
+# of 16 that ends at the run's end (its first cells computed again, alike),
+# one at a time in runs narrower than 16
+block_wide_, block_16_, block_1_ = _block(2, 16), _block(1, 16), _block(1, 1)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+def conv_gemm(w, x, out, bias, flags, kb_first, kb_last, first, last):
+    # out[8 kb_first : 8 kb_last, first:last] of W @ x, W packed into w,
+    # finished as flags say: a block of weights stays in cache over the
+    # positions; no cell outside first:last is written
+    for kb in range(kb_first, kb_last):
+        c = first
+        while c + 32 <= last:
+            block_wide_(w, x, out, bias, kb, c, flags)
+            c += 32
+        if c + 16 <= last:
+            block_16_(w, x, out, bias, kb, c, flags)
+            c += 16
+        if c < last and last - first >= 16:
+            block_16_(w, x, out, bias, kb, last - 16, flags)
+        elif c < last:
+            for p in range(c, last):
+                block_1_(w, x, out, bias, kb, p, flags)
+
+
+@numba.cfunc(
+    types.void(types.voidptr),
+    cache=True,
+    nopython=True,
+    error_model="numpy",
+    boundscheck=False,
+)
+def conv_claimed(data):
+    # conv_gemm on a native team: data's slots (SLOTS) hold the shapes and
+    # addresses; each thread takes parts until none is left: an image's run
+    # of channel blocks x run of strips (32 positions each, the last one
+    # also those left over: every run but of a narrow plane is 32 or more)
+    d = numba.carray(slots_(data), SLOTS)
+    parts, images, channels, depth, width = d[1], d[2], d[3], d[4], d[5]
+    blocks, flags = d[6], d[7]
+    x_step, out_step, block_parts, strip_parts = d[10], d[12], d[15], d[16]
+    w = numba.carray(floats_(d[8]), (blocks, depth, ROWS))
+    bias = numba.carray(floats_(d[13]), d[14])
+    strips = max(1, width // 32)
+    per_image = block_parts * strip_parts
+    while True:
+        i = claim_(data)
+        if i >= parts:
+            return
+        image, rest = i // per_image, i % per_image
+        bp, sp = rest // strip_parts, rest % strip_parts
+        x = numba.carray(floats_(d[9] + 4 * image * x_step), (depth, width))
+        out = numba.carray(floats_(d[11] + 4 * image * out_step), (channels, width))
+        first = 32 * (strips * sp // strip_parts)
+        last = 32 * (strips * (sp + 1) // strip_parts)
+        if sp == strip_parts - 1:
+            last = width
+        kb_first, kb_last = blocks * bp // block_parts, blocks * (bp + 1) // block_parts
+        conv_gemm(w, x, out, bias, flags, kb_first, kb_last, first, last)
+"""
+)
+
+
+@functools.cache
+def _kernel_address() -> int:
+    """The address of ``void conv_claimed(void *data)``, compiled (or
+    loaded from numba's disk cache)."""
+    values = {**COMMON_VALUES, "slots": _SLOTS, "rows": ROWS}
+    kernel: Any = compile_vectors(
+        "asyncrt_panel_conv", _SOURCE, "conv_claimed", **values
+    )
+    return int(kernel.address)
+
+
+def pack(w: Array) -> Array:
+    """``w`` ``(K, D)`` as ``(ceil(K / ROWS), D, ROWS)`` float32 blocks, the
+    last block's channels past ``K`` zero."""
+    channels, depth = w.shape
+    blocks = -(-channels // ROWS)
+    padded = np.zeros((blocks * ROWS, depth), _FLOAT32)
+    padded[:channels] = w
+    return np.ascontiguousarray(padded.reshape(blocks, ROWS, depth).transpose(0, 2, 1))
+
+
+def takes(w: Array, x: Array, out: Array, bias: Array | None = None) -> bool:
+    """Whether :func:`bind` takes ``out[n] = w @ x[n] (+ bias)``: numpy
+    float32, C-contiguous, ``w`` a non-empty ``(K, D)`` matrix, ``x`` ``(N,
+    D, P)``, ``out`` ``(N, K, P)``, ``bias`` ``(K,)``."""
+    arrays = (w, x, out) if bias is None else (w, x, out, bias)
+    return (
+        all(
+            isinstance(a, np.ndarray) and a.dtype == _FLOAT32 and a.flags.c_contiguous
+            for a in arrays
+        )
+        and (bias is None or bias.shape == w.shape[:1])
+        and w.ndim == 2
+        and w.size > 0
+        and x.ndim == out.ndim == 3
+        and x.shape[0] == out.shape[0]
+        and x.shape[1] == w.shape[1]
+        and out.shape[1] == w.shape[0]
+        and x.shape[2] == out.shape[2]
+    )
+
+
+def bind(
+    w: Array,
+    x: Array,
+    out: Array,
+    *,
+    bias: Array | None = None,
+    relu: bool = False,
+) -> Callable[[], None]:
+    """``out[n] = w @ x[n]`` for every image ``n`` (:func:`takes` holds;
+    ``w``'s values fixed for the binding's life: packed now), ``+ bias``
+    per channel then ReLU as blocks are stored, as a call without
+    arguments.
+
+    :param bias: ``(K,)`` float32, C-contiguous, read each call.
+    """
+    run = _native_team.launcher(_kernel_address())
+    _native_team.use()
+    packed = _packed.shared("panel_conv", w, pack)
+    images, depth, width = x.shape
+    channels = w.shape[0]
+    blocks = packed.shape[0]
+    shift = _NOBIAS_FLAG if bias is None else bias
+    flags = (0 if bias is None else BIAS_FLAG) | (RELU_FLAG if relu else 0)
+    slots = [0, 0, images, channels, depth, width, blocks, flags]
+    slots += [packed.ctypes.data, x.ctypes.data, depth * width, out.ctypes.data]
+    slots += [channels * width, shift.ctypes.data, shift.size, 1, 1]
+    data = np.array(slots, np.int64)
+    address = data.ctypes.data
+    held = (packed, x, out, shift)  # (the addresses in data stay valid)
+    limits = _threads.limits
+    work = images * channels * depth * width
+    strips = max(1, width // _WIDE)
+
+    def product() -> None:
+        if not held[2].size:
+            return
+        threads = limits.threads if work >= MIN_PARALLEL_WORK else 1
+        crowding = limits.gemm_parts
+        if crowding > 1:  # several parts a thread: see _panel_gemm
+            threads, wanted = crowding, 4 * crowding
+        else:
+            wanted = threads
+        # images first, then runs of channel blocks, then of positions
+        per_image = -(-wanted // images)
+        block_parts = min(blocks, per_image)
+        strip_parts = min(strips, -(-per_image // block_parts))
+        data[0], data[1] = 0, images * block_parts * strip_parts
+        data[15], data[16] = block_parts, strip_parts
+        run(address, threads)
+
+    return product

@@ -1,0 +1,206 @@
+"""A convolution's GEMM with the weights packed once (the constant on the
+left): against a float64 product at channel counts that cut the blocks and
+plane sizes that cut the vectors, batches, one thread, two and crowded;
+bias and ReLU as the passes would give them; nothing written past the
+output; inside an executor: 1x1 convolutions of parameters (hard-swish
+after), the new weights after ``set_input``, weights fed as inputs left to
+the other paths; ONNX's Gemm of a parameter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from asyncrt import graph_executor
+from asyncrt.frontend import from_onnx
+from asyncrt.ops import _jit, _panel_conv, _panel_gemm
+from asyncrt.runtime import _threads
+
+pytestmark = pytest.mark.skipif(not _jit.available(), reason="numba not installed")
+FLOAT = onnx.TensorProto.FLOAT
+RNG = np.random.default_rng(41)
+
+
+def _f(*shape: int) -> np.ndarray[Any, Any]:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _want(w: Any, x: Any, bias: Any = None, relu: bool = False) -> Any:
+    out = np.einsum("kd,ndp->nkp", w.astype(np.float64), x.astype(np.float64))
+    if bias is not None:
+        out = out + bias[None, :, None]
+    return np.maximum(out, 0) if relu else out
+
+
+def _close(out: Any, want: Any) -> None:
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("mode", ["one thread", "two threads", "crowded"])
+@pytest.mark.parametrize(
+    ("images", "channels", "depth", "positions"),
+    [
+        (1, 1, 1, 1),
+        (2, 13, 7, 17),  # a cut block of channels, 16 + 1 positions
+        (1, 96, 72, 49),  # 7 x 7: 32 + 16 + a block of 16 ending at 49
+        (3, 40, 24, 196),
+        (1, 16, 16, 15),  # narrower than a vector: one at a time
+        (1, 24, 9, 200),
+    ],
+)
+def test_products_match_float64(
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    images: int,
+    channels: int,
+    depth: int,
+    positions: int,
+) -> None:
+    monkeypatch.setattr(_threads.limits, "threads", 1 if mode == "one thread" else 2)
+    monkeypatch.setattr(_threads.limits, "gemm_parts", 2 if mode == "crowded" else 1)
+    monkeypatch.setattr(_panel_conv, "MIN_PARALLEL_WORK", 0)
+    w, x = _f(channels, depth), _f(images, depth, positions)
+    size = images * channels * positions
+    storage = np.full(size + 40, np.nan, np.float32)
+    out = storage[:size].reshape(images, channels, positions)
+    assert _panel_conv.takes(w, x, out)
+    call = _panel_conv.bind(w, x, out)
+    call()
+    _close(out, _want(w, x))
+    x[...] = _f(*x.shape)  # new values in the same storage, as a run's
+    call()
+    _close(out, _want(w, x))
+    assert np.isnan(storage[size:]).all()
+
+
+@pytest.mark.parametrize(("bias", "relu"), [(True, False), (True, True), (False, True)])
+def test_the_epilogue_gives_the_passes_bits(bias: bool, relu: bool) -> None:
+    w, x = _f(20, 30), _f(2, 30, 70)
+    x[1, :, 5] = np.nan  # a position of NaN, kept by ReLU
+    shift = _f(20)
+    product = np.empty((2, 20, 70), np.float32)
+    _panel_conv.bind(w, x, product)()
+    want = product + shift[None, :, None] if bias else product.copy()
+    if relu:
+        np.maximum(want, 0, out=want)
+    out = np.full(product.shape, np.inf, np.float32)
+    _panel_conv.bind(w, x, out, bias=shift if bias else None, relu=relu)()
+    np.testing.assert_array_equal(out, want)
+    assert np.isnan(out[1, :, 5]).all()
+
+
+def test_what_it_takes() -> None:
+    w, x, out = _f(4, 8), _f(2, 8, 9), np.empty((2, 4, 9), np.float32)
+    assert _panel_conv.takes(w, x, out, _f(4))
+    assert not _panel_conv.takes(w, x, out, _f(5))
+    assert not _panel_conv.takes(w.astype(np.float64), x, out)
+    assert not _panel_conv.takes(w, _f(2, 9, 8).transpose(0, 2, 1), out)
+    assert not _panel_conv.takes(_f(4, 0), _f(2, 0, 9), out)
+    assert not _panel_conv.takes(w, _f(2, 8, 10), out)
+
+
+@pytest.fixture
+def taken(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Which packed kernel each binding took."""
+    seen: list[str] = []
+    for module in (_panel_conv, _panel_gemm):
+        bind = module.bind
+
+        def spy(
+            *args: Any, _bind: Any = bind, _name: str = module.__name__, **kw: Any
+        ) -> Any:
+            seen.append(_name.rsplit(".", 1)[-1])
+            return _bind(*args, **kw)
+
+        monkeypatch.setattr(module, "bind", spy)
+    return seen
+
+
+def _pointwise_model(activation: str | None, weights_as_input: bool = False) -> Any:
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if activation else "y"])]
+    if activation:
+        nodes.append(helper.make_node(activation, ["c"], ["y"]))
+    inputs = [helper.make_tensor_value_info("x", FLOAT, [2, 24, 7, 9])]
+    inits = [numpy_helper.from_array(_f(40), "b")]
+    if weights_as_input:
+        inputs.append(helper.make_tensor_value_info("w", FLOAT, [40, 24, 1, 1]))
+    else:
+        inits.append(numpy_helper.from_array(_f(40, 24, 1, 1), "w"))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        inputs,
+        [helper.make_tensor_value_info("y", FLOAT, [2, 40, 7, 9])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _reference(x: Any, w: Any, b: Any, activation: str | None) -> Any:
+    y = np.einsum("kc,nchw->nkhw", w.reshape(w.shape[:2]).astype(np.float64), x)
+    y = y + b[None, :, None, None]
+    if activation == "Relu":
+        return np.maximum(y, 0)
+    if activation == "HardSwish":
+        return y * np.clip(y / 6 + 0.5, 0, 1)
+    return y
+
+
+@pytest.mark.parametrize("activation", [None, "Relu", "HardSwish"])
+def test_pointwise_convolutions_of_parameters_take_it(
+    taken: list[str], activation: str | None
+) -> None:
+    graph, params = from_onnx(_pointwise_model(activation))
+    x = _f(2, 24, 7, 9)
+    w, b = np.asarray(params["w"]), np.asarray(params["b"])
+    with graph_executor.create(graph, None, "cpu", params=params) as executor:
+        (y,) = executor.run_sync(x=x)
+        assert taken == ["_panel_conv"]
+        _close(y.numpy(), _reference(x, w, b, activation))
+        new_w = _f(*w.shape)
+        executor.set_input("w", new_w)
+        (y,) = executor.run_sync(x=x)
+        _close(y.numpy(), _reference(x, new_w, b, activation))
+
+
+def test_pointwise_weights_fed_as_inputs_take_another_path(taken: list[str]) -> None:
+    graph, params = from_onnx(_pointwise_model("Relu", weights_as_input=True))
+    x, w = _f(2, 24, 7, 9), _f(40, 24, 1, 1)
+    b = np.asarray(params["b"])
+    with graph_executor.create(graph, None, "cpu", params=params) as executor:
+        (y,) = executor.run_sync(x=x, w=w)
+    _close(y.numpy(), _reference(x, w, b, "Relu"))
+    assert taken == []
+
+
+@pytest.mark.parametrize(
+    ("trans_b", "alpha", "beta"), [(1, 1.0, 1.0), (0, 1.0, 1.0), (1, 0.5, 2.0)]
+)
+def test_onnx_gemm_of_a_parameter_takes_the_panels(
+    taken: list[str], trans_b: int, alpha: float, beta: float
+) -> None:
+    w = _f(30, 20) if trans_b else _f(20, 30)
+    c = _f(30)
+    node = helper.make_node(
+        "Gemm", ["x", "w", "c"], ["y"], transB=trans_b, alpha=alpha, beta=beta
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", FLOAT, [6, 20])],
+        [helper.make_tensor_value_info("y", FLOAT, [6, 30])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    g, params = from_onnx(model)
+    x = _f(6, 20)
+    with graph_executor.create(g, None, "cpu", params=params) as executor:
+        (y,) = executor.run_sync(x=x)
+    right = w.T if trans_b else w
+    want = alpha * (x.astype(np.float64) @ right) + beta * c
+    _close(y.numpy(), want)
+    assert taken == ["_panel_gemm"]
