@@ -263,9 +263,11 @@ def bind(
     def product() -> None:
         if not held[2].size:
             return
-        threads = limits.threads if work >= MIN_PARALLEL_WORK else 1
+        large = work >= MIN_PARALLEL_WORK
+        threads = limits.threads if large else 1
         crowding = limits.gemm_parts
-        if crowding > 1:  # several parts a thread: see _panel_gemm
+        crowded = crowding > 1 and large
+        if crowded:  # several parts a thread: see _panel_gemm
             threads, wanted = crowding, 4 * crowding
         else:
             wanted = threads
@@ -275,6 +277,6 @@ def bind(
         strip_parts = min(strips, -(-per_image // block_parts))
         data[0], data[1] = 0, images * block_parts * strip_parts
         data[15], data[16] = block_parts, strip_parts
-        run(address, threads)
+        run(address, threads, crowded)
 
     return product

@@ -31,8 +31,8 @@ run of panels (of row blocks, for fewer panels) each, over
 :attr:`ThreadLimits.threads <asyncrt.runtime._threads.ThreadLimits.threads>`
 threads (what BLAS would have had), from :data:`MIN_PARALLEL_WORK`
 multiply-adds; while other processes crowd the kernel threads down to one,
-several runs a thread (``gemm_parts`` threads), so one the machine does not
-run leaves its parts to the others.
+several runs a thread on the part pool (``gemm_parts`` threads), so one
+the machine does not run leaves its parts to the others.
 
 **Accuracy.** Each output is one fused multiply-add chain over ``k`` in
 order: it differs from BLAS's sums (blocked, in another order) by float32
@@ -377,12 +377,13 @@ def bind(
         if not held[0].size:
             return
         crowding = limits.gemm_parts
-        if crowding > 1 and runs > 1:
+        crowded = crowding > 1 and runs > 1
+        if crowded:
             threads = parts = crowding  # ... each taking `runs` parts
             parts *= runs
         else:
             threads = parts = min(limits.threads, most)
         data[0], data[1] = 0, parts
-        run(address, threads)
+        run(address, threads, crowded)
 
     return product

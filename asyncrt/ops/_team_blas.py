@@ -184,7 +184,7 @@ def available() -> bool:
 
 
 @functools.cache
-def _launcher(wide: bool) -> Callable[[int, int], None]:
+def _launcher(wide: bool) -> Callable[..., None]:
     """``team_gemm`` compiled (or loaded from numba's disk cache), as
     :func:`asyncrt.runtime._native_team.launcher` runs it."""
     kernel: Any = compile_vectors(
@@ -329,12 +329,14 @@ def bind(a: Array, b: Array, out: Array) -> Callable[[], None]:
     def product() -> None:
         if not held[2].size:
             return
-        threads = limits.threads if work >= MIN_TEAM_WORK else 1
+        large = work >= MIN_TEAM_WORK
+        threads = limits.threads if large else 1
         crowding = limits.gemm_parts
-        wanted = 4 * crowding if crowding > 1 else threads
-        threads = crowding if crowding > 1 else threads
+        crowded = crowding > 1 and large
+        wanted = 4 * crowding if crowded else threads
+        threads = crowding if crowded else threads
         row_parts = min(most_blocks, max(1, -(-wanted // count)))
         data[0], data[1], data[2] = 0, count * row_parts, row_parts
-        run(data_address, threads)
+        run(data_address, threads, crowded)
 
     return product

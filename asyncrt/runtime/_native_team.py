@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import _threads
+from . import _part_pool, _threads
 
 __all__ = ("launcher", "teams_available", "use")
 
@@ -87,11 +88,19 @@ def use() -> None:
         _threads.limits.put_blas_on_team()
 
 
-def launcher(address: int) -> Callable[[int, int], None]:
-    """``run(data, threads)``: the compiled ``void work(void *data)`` at
-    ``address`` called on ``threads`` threads at once (the caller among
-    them), or on the caller alone where teams are not available (see the
-    module docstring) or ``threads`` <= 1; returns when every call has.
+def launcher(address: int) -> Callable[..., None]:
+    """``run(data, threads, crowded=False)``: the compiled ``void
+    work(void *data)`` at ``address`` called on ``threads`` threads at
+    once (the caller among them), or on the caller alone where teams are
+    not available (see the module docstring) or ``threads`` <= 1; returns
+    when every call has.
+
+    ``crowded``: other processes keep the cores busy. A team's threads all
+    join before the launch returns, so one the machine does not run holds
+    it up (2 CPU-bound neighbours on 2 cores: a MiniLM encoder's run 2.7 ->
+    96 ms). Then the calls go to the part pool
+    (:mod:`asyncrt.runtime._part_pool`) instead, whose caller never waits
+    for a thread that has not started: it takes the work itself.
 
     ``work`` must not raise (a cfunc's errors are not propagated) and must
     share the work through ``data`` (each thread calls it with the same
@@ -99,8 +108,12 @@ def launcher(address: int) -> Callable[[int, int], None]:
     """
     alone = _WORK(address)
 
-    def run(data: int, threads: int) -> None:
-        if threads > 1 and teams_available():
+    def run(data: int, threads: int, crowded: bool = False) -> None:
+        if threads <= 1:
+            alone(data)
+        elif crowded:
+            _part_pool.run([functools.partial(alone, data)] * threads, threads)
+        elif teams_available():
             _gomp_parallel()(address, data, threads, 0)
         else:
             alone(data)

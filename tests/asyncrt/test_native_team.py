@@ -57,6 +57,31 @@ def test_every_part_is_taken_once(threads: int, parts: int) -> None:
     assert data[0] >= parts  # (each thread's last claim finds none left)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_crowded_calls_go_to_the_part_pool(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """While other processes keep the cores busy, the threads are the part
+    pool's (its caller never waits for one that has not started), not a
+    team's: every part still taken once."""
+    run = _run()
+    pooled: list[int] = []
+    pool_run = _native_team._part_pool.run
+
+    def spy(parts: Any, count: int) -> None:
+        pooled.append(count)
+        pool_run(parts, count)
+
+    monkeypatch.setattr(_native_team._part_pool, "run", spy)
+    monkeypatch.setattr(
+        _native_team, "_gomp_parallel", lambda: pytest.fail("a team launched")
+    )
+    cells, data = _job(40)
+    run(data.ctypes.data, threads, crowded=True)
+    np.testing.assert_array_equal(cells, np.arange(1, 41))
+    assert pooled == [threads]
+
+
 def test_launches_from_many_threads_at_once() -> None:
     run = _run()
     jobs = [_job(50) for _ in range(8)]
