@@ -13,7 +13,7 @@ take parts from a counter in ``data`` (an atomic add: ``claim_`` in
 machine does not run for a while leaves its parts to the others.
 
 numba's own ``parallel=True`` runs on the same OpenMP runtime, but each
-such function compiles its callees again (a GEMM's: 8 s cold, against 1.3
+such function compiles its callees again (a GEMM's: 8 s cold, against 2.0
 for the cfunc) and its layer may be ``workqueue``, which takes one
 launching thread at a time. GNU OpenMP takes launches from any number of
 threads at once (each a team of its own). It does not survive a fork: in
