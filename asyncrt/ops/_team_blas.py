@@ -26,9 +26,11 @@ keep ``numpy.matmul``.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -56,8 +58,9 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 #: trans a, trans b, lda, ldb, ldc, the addresses of a, b, c, of the
 #: offsets table (a, b, c in elements, per matrix) and of cblas_sgemm, a's
 #: step a row of op(a), the steps from one matrix of the stack to the next
-#: of a, b and c (elements), whether the table is used (else the steps).
-_SLOTS = 21
+#: of a, b and c (elements), whether the table is used (else the steps),
+#: whether parts are blocks of columns (else of rows), b's step a column.
+_SLOTS = 23
 
 _SOURCE = """
 {claims}
@@ -125,8 +128,9 @@ def sgemm_(typingctx, function, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ld
 @numba.cfunc(types.void(types.voidptr), cache=True, nopython=True)
 def team_gemm(data):
     # each thread takes parts until none is left: a matrix of the stack,
-    # or a block of its rows
+    # or a block of its rows (of its columns, where d[21] says so)
     d = numba.carray(slots_(data), SLOTS)
+    columns, column_step = d[21] != 0, d[22]
     parts, row_parts, m, n, k = d[1], d[2], d[3], d[4], d[5]
     trans_a, trans_b, lda, ldb, ldc = d[6], d[7], d[8], d[9], d[10]
     table = d[20] != 0
@@ -137,7 +141,9 @@ def team_gemm(data):
         if i >= parts:
             return
         item, block = i // row_parts, i % row_parts
-        first, last = m * block // row_parts, m * (block + 1) // row_parts
+        extent = n if columns else m
+        first = extent * block // row_parts
+        last = extent * (block + 1) // row_parts
         if last == first:
             continue
         if table:
@@ -145,10 +151,17 @@ def team_gemm(data):
             a_at, b_at, c_at = offsets[at], offsets[at + 1], offsets[at + 2]
         else:
             a_at, b_at, c_at = item * d[17], item * d[18], item * d[19]
-        a = d[11] + 4 * (a_at + first * row_step)
-        b = d[12] + 4 * b_at
-        c = d[13] + 4 * (c_at + first * ldc)
-        sgemm_(d[15], trans_a, trans_b, last - first, n, k, a, lda, b, ldb, c, ldc)
+        if columns:
+            a = d[11] + 4 * a_at
+            b = d[12] + 4 * (b_at + first * column_step)
+            c = d[13] + 4 * (c_at + first)
+            rows, cols = m, last - first
+        else:
+            a = d[11] + 4 * (a_at + first * row_step)
+            b = d[12] + 4 * b_at
+            c = d[13] + 4 * (c_at + first * ldc)
+            rows, cols = last - first, n
+        sgemm_(d[15], trans_a, trans_b, rows, cols, k, a, lda, b, ldb, c, ldc)
 """
 
 
@@ -276,20 +289,52 @@ def _steps(a: Array, b: Array, out: Array) -> tuple[int, int, int] | None:
     return steps[0], steps[1], steps[2]
 
 
+#: Products :func:`matmul` bound lately, by their arrays' addresses,
+#: shapes and strides (the arrays themselves not held: a call passes live
+#: arrays, and an entry is only used for arrays at those addresses), or
+#: ``None`` for numpy's; the least recently used go past
+#: :data:`BOUND_BY_CALL`.
+_by_call: collections.OrderedDict[tuple[Any, ...], Callable[[], None] | None] = (
+    collections.OrderedDict()
+)
+_by_call_lock = threading.Lock()
+BOUND_BY_CALL = 64
+
+
 def matmul(a: Array, b: Array, *, out: Array) -> None:
     """``numpy.matmul(a, b, out=out)``, on the team where :func:`takes`
-    holds and the product is large enough to split (bound for this one
-    call: the stack as one step an operand, a few microseconds)."""
-    if (
+    holds and the product is large enough to split; for kernels that make
+    their operands per call (a column matrix in a thread's scratch): bound
+    once per layout and address (:data:`BOUND_BY_CALL` kept), a lookup of
+    a few microseconds after."""
+    if not (
         type(a) is np.ndarray
-        and out.size
+        and type(b) is np.ndarray
+        and type(out) is np.ndarray
         and a.shape[-1] * out.size >= MIN_CALL_WORK
-        and _threads.limits.threads > 1
-        and takes(a, b, out)
     ):
-        bind(a, b, out)()
-    else:
         np.matmul(a, b, out=out)
+        return
+    key = (
+        a.ctypes.data, a.shape, a.strides, a.dtype.char,
+        b.ctypes.data, b.shape, b.strides, b.dtype.char,
+        out.ctypes.data, out.shape, out.strides, out.dtype.char,
+    )  # fmt: skip
+    with _by_call_lock:
+        known = key in _by_call
+        found = _by_call.get(key)
+        if known:
+            _by_call.move_to_end(key)
+    if not known:
+        found = _bind(a, b, out, hold=False) if takes(a, b, out) else None
+        with _by_call_lock:
+            _by_call[key] = found
+            while len(_by_call) > BOUND_BY_CALL:
+                _by_call.popitem(last=False)
+    if found is None:
+        np.matmul(a, b, out=out)
+    else:
+        found()
 
 
 def bind(a: Array, b: Array, out: Array) -> Callable[[], None]:
@@ -297,6 +342,12 @@ def bind(a: Array, b: Array, out: Array) -> Callable[[], None]:
     the stack's matrices (or row blocks) over the kernel threads on a
     native team, each one ``cblas_sgemm`` call; the arrays' storage is
     read anew each call."""
+    return _bind(a, b, out, hold=True)
+
+
+def _bind(a: Array, b: Array, out: Array, hold: bool) -> Callable[[], None]:
+    """:func:`bind`; ``hold``: the call keeps the arrays alive (else its
+    caller does, as :func:`matmul`'s)."""
     found = _sgemm()
     assert found is not None  # (takes says so)
     address, wide = found
@@ -319,24 +370,51 @@ def bind(a: Array, b: Array, out: Array) -> Callable[[], None]:
     slots = [0, 0, 1, m, n, k, trans_a, trans_b, lda, ldb, max(ldc, n, 1)]
     slots += [a.ctypes.data, b.ctypes.data, out.ctypes.data]
     slots += [table.ctypes.data, address, row_step, *steps, int(table is not _NO_TABLE)]
-    data = np.array(slots, np.int64)
-    data_address = data.ctypes.data
-    held = (a, b, out, table)  # (the addresses in data stay valid)
-    limits = _threads.limits
-    work = count * m * n * k
-    most_blocks = max(1, m // MIN_ROWS_PER_PART)
+    # blocks of columns where there are more than rows: each thread then
+    # packs its own share of b (as blocks of rows, each would pack all of
+    # it: a stem convolution's 64 x 147 x 896 chunks 2.0 -> 3.0 ms)
+    columns = n > m
+    slots += [int(columns), ldb if trans_b == _TRANS else 1]
+    # (the addresses in the slots stay valid while the arrays live)
+    held = (a, b, out, table) if hold else (table,)
+    return _Product(run, np.array(slots, np.int64), held, count, m * n * k)
 
-    def product() -> None:
-        if not held[2].size:
-            return
-        large = work >= MIN_TEAM_WORK
-        threads = limits.threads if large else 1
+
+class _Product:
+    """A bound stack of GEMMs: its slots, and what keeps their addresses
+    valid."""
+
+    __slots__ = (
+        "_address",
+        "_count",
+        "_data",
+        "_held",
+        "_large",
+        "_most_blocks",
+        "_run",
+    )
+
+    def __init__(
+        self,
+        run: Callable[..., None],
+        data: Array,
+        held: tuple[Array, ...],
+        count: int,
+        work: int,
+    ) -> None:
+        self._run, self._data, self._held, self._count = run, data, held, count
+        self._address = int(data.ctypes.data)
+        self._large = count * work >= MIN_TEAM_WORK
+        extent = int(data[4] if data[21] else data[3])  # (columns or rows)
+        self._most_blocks = max(1, extent // MIN_ROWS_PER_PART)
+
+    def __call__(self) -> None:
+        limits, data, count = _threads.limits, self._data, self._count
+        threads = limits.threads if self._large else 1
         crowding = limits.gemm_parts
-        crowded = crowding > 1 and large
+        crowded = crowding > 1 and self._large
         wanted = 4 * crowding if crowded else threads
         threads = crowding if crowded else threads
-        row_parts = min(most_blocks, max(1, -(-wanted // count)))
+        row_parts = min(self._most_blocks, max(1, -(-wanted // count)))
         data[0], data[1], data[2] = 0, count * row_parts, row_parts
-        run(data_address, threads, crowded)
-
-    return product
+        self._run(self._address, threads, crowded)
