@@ -51,7 +51,7 @@ _LANES = 16
 #: Positions a block of vectors covers.
 _WIDE = 2 * _LANES
 _FLOAT32 = np.dtype(np.float32)
-_NOBIAS_FLAG = np.zeros(1, _FLOAT32)
+_NO_BIAS = np.zeros(1, _FLOAT32)
 #: The int64 slots of ``conv_claimed``'s data: the next part, parts,
 #: images, K, D, P, channel blocks, flags, the addresses of the packed
 #: weights, x (and its image stride, in floats), out (and its image
@@ -248,7 +248,7 @@ def bind(
     images, depth, width = x.shape
     channels = w.shape[0]
     blocks = packed.shape[0]
-    shift = _NOBIAS_FLAG if bias is None else bias
+    shift = _NO_BIAS if bias is None else bias
     flags = (0 if bias is None else BIAS_FLAG) | (RELU_FLAG if relu else 0)
     slots = [0, 0, images, channels, depth, width, blocks, flags]
     slots += [packed.ctypes.data, x.ctypes.data, depth * width, out.ctypes.data]

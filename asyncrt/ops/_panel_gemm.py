@@ -81,7 +81,7 @@ BIAS_FLAG, RELU_FLAG = 1, 2
 #: the bias's length.
 _SLOTS = 12
 #: The bias argument of a product without one (never read).
-_NOBIAS_FLAG = np.zeros(1, _FLOAT32)
+_NO_BIAS = np.zeros(1, _FLOAT32)
 
 #: What the panel kernels' generated modules share (this one's and
 #: :mod:`asyncrt.ops._panel_conv`'s): the team's intrinsics, the epilogue,
@@ -384,7 +384,7 @@ def bind(
     _native_team.use()
     panels = _packed.shared("panel_gemm", b, pack)
     rows, cols = a.reshape(-1, a.shape[-1]), out.reshape(-1, out.shape[-1])
-    shift = _NOBIAS_FLAG if bias is None else bias
+    shift = _NO_BIAS if bias is None else bias
     m, depth, count = rows.shape[0], rows.shape[1], panels.shape[0]
     flags = (0 if bias is None else BIAS_FLAG) | (RELU_FLAG if relu else 0)
     data = np.array(
