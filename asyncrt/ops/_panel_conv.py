@@ -71,16 +71,8 @@ def _block(vectors, lanes):
     # + ROWS, c0 : c0 + vectors * lanes] = w[kb] (D, ROWS) transposed @
     # x[:, c0 : ...], finished (_finish); channels past out's rows are
     # not stored
-    def block_(typingctx, w, x, out, bias, kb, c0, flags):
-        if not (
-            _is_float_array(w, 3) and _is_float_array(x, 2)
-            and _is_float_array(out, 2) and _is_float_array(bias, 1)
-        ):
-            return None
-        sig = types.void(w, x, out, bias, types.intp, types.intp, types.intp)
-        return sig, functools.partial(_emit_block, vectors, lanes)
-
-    return intrinsic(block_)
+    emit = functools.partial(_emit_block, vectors, lanes)
+    return _block_intrinsic((3, 2, 2, 1), emit)
 
 
 def _emit_block(vectors, lanes, context, builder, signature, args):
@@ -147,13 +139,7 @@ def conv_gemm(w, x, out, bias, flags, kb_first, kb_last, first, last):
                 block_1_(w, x, out, bias, kb, p, flags)
 
 
-@numba.cfunc(
-    types.void(types.voidptr),
-    cache=True,
-    nopython=True,
-    error_model="numpy",
-    boundscheck=False,
-)
+@team_kernel
 def conv_claimed(data):
     # conv_gemm on a native team: data's slots (SLOTS) hold the shapes and
     # addresses; each thread takes parts until none is left: an image's run

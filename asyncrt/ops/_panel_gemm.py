@@ -109,6 +109,20 @@ def _finish(b, e, value, shift_of, flags):
     return b.load(slot)
 
 
+def _block_intrinsic(ndims, emit):
+    # an intrinsic block_(first, second, out, bias, i, j, flags) of four
+    # float32 C-contiguous arrays of these ndims and three intp, whose code
+    # emit(context, builder, signature, args) writes
+    def block_(typingctx, first, second, out, bias, i, j, flags):
+        arrays = (first, second, out, bias)
+        if not all(_is_float_array(a, n) for a, n in zip(arrays, ndims)):
+            return None
+        sig = types.void(*arrays, types.intp, types.intp, types.intp)
+        return sig, emit
+
+    return intrinsic(block_)
+
+
 def _fma(b, vector):
     # llvm.fma for vectors of this type
     return cgutils.get_or_insert_function(
@@ -181,16 +195,7 @@ def _block(rows):
     # an intrinsic block_(a, panels, out, bias, m0, p, flags): out[m0 : m0 +
     # rows, PANEL p : PANEL (p + 1)] = a[m0 : m0 + rows] @ panels[p],
     # finished (_finish), the columns past out's width not stored
-    def block_(typingctx, a, panels, out, bias, m0, p, flags):
-        if not (
-            _is_float_array(a, 2) and _is_float_array(panels, 3)
-            and _is_float_array(out, 2) and _is_float_array(bias, 1)
-        ):
-            return None
-        sig = types.void(a, panels, out, bias, types.intp, types.intp, types.intp)
-        return sig, functools.partial(_emit_block, rows)
-
-    return intrinsic(block_)
+    return _block_intrinsic((2, 3, 2, 1), functools.partial(_emit_block, rows))
 
 
 def _emit_block(rows, context, builder, signature, args):
@@ -260,13 +265,7 @@ def gemm(a, panels, out, bias, flags, first, last, top, bottom):
             block_1_(a, panels, out, bias, m, p, flags)
 
 
-@numba.cfunc(
-    types.void(types.voidptr),
-    cache=True,
-    nopython=True,
-    error_model="numpy",
-    boundscheck=False,
-)
+@team_kernel
 def gemm_claimed(data):
     # gemm on a native team: data's slots (SLOTS) hold the arrays' shapes
     # and addresses; each thread takes parts until none is left: runs of

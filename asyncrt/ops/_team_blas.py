@@ -70,16 +70,6 @@ WIDE = {wide}  # cblas_sgemm's integers are 64-bit (an ILP64 build)
 
 
 @intrinsic
-def ints_(typingctx, address):
-    sig = types.CPointer(types.int64)(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-
-    return sig, codegen
-
-
-@intrinsic
 def sgemm_(typingctx, function, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc):
     # cblas_sgemm(RowMajor, trans_a, trans_b, m, n, k, 1, a, lda, b, ldb, 0,
     # c, ldc) at the address function (every argument an int64)
@@ -125,7 +115,7 @@ def sgemm_(typingctx, function, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ld
     return sig, codegen
 
 
-@numba.cfunc(types.void(types.voidptr), cache=True, nopython=True)
+@team_kernel
 def team_gemm(data):
     # each thread takes parts until none is left: a matrix of the stack,
     # or a block of its rows (of its columns, where d[21] says so)

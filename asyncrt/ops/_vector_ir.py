@@ -163,30 +163,47 @@ class _Emit:
 PREAMBLE = PREAMBLE.replace("{sixth}", repr(float(np.float32(1 / 6))))
 
 
-#: Intrinsics of a kernel run on a native team
-#: (:mod:`asyncrt.runtime._native_team`), whose one argument points to
-#: int64 slots: ``slots_(data)`` (the pointer as int64 slots; with
-#: ``numba.carray``, an array of them), ``floats_(address)`` (a slot
-#: holding an address, as a float32 pointer for ``numba.carray``) and
-#: ``claim_(data)`` (slot 0 plus one, atomically: the old value, the next
-#: part to take).
+#: What a kernel run on a native team (:mod:`asyncrt.runtime._native_team`)
+#: needs: ``team_kernel``, its decorator (a ``cfunc`` taking one pointer,
+#: cached), and intrinsics over its argument, which points to int64
+#: slots: ``slots_(data)`` (the pointer as int64 slots; with
+#: ``numba.carray``, an array of them), ``floats_(address)`` and
+#: ``ints_(address)`` (a slot holding an address, as a float32 or int64
+#: pointer for ``numba.carray``) and ``claim_(data)`` (slot 0 plus one,
+#: atomically: the old value, the next part to take).
 CLAIMS = """
+team_kernel = numba.cfunc(
+    types.void(types.voidptr),
+    cache=True,
+    nopython=True,
+    error_model="numpy",
+    boundscheck=False,
+)
+
+
+def _address_as(numba_type, llvm_type):
+    # an intrinsic: a slot holding an address, as a pointer to this type
+    def pointer_(typingctx, address):
+        sig = types.CPointer(numba_type)(types.int64)
+
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], llvm_type.as_pointer())
+
+        return sig, codegen
+
+    return intrinsic(pointer_)
+
+
+ints_ = _address_as(types.int64, ir.IntType(64))
+floats_ = _address_as(types.float32, ir.FloatType())
+
+
 @intrinsic
 def slots_(typingctx, data):
     sig = types.CPointer(types.int64)(types.voidptr)
 
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.IntType(64).as_pointer())
-
-    return sig, codegen
-
-
-@intrinsic
-def floats_(typingctx, address):
-    sig = types.CPointer(types.float32)(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
 
     return sig, codegen
 

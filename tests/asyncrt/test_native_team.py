@@ -24,7 +24,7 @@ _SOURCE = """
 {claims}
 
 
-@numba.cfunc(types.void(types.voidptr), cache=True, nopython=True)
+@team_kernel
 def mark(data):
     d = numba.carray(slots_(data), 3)
     cells = numba.carray(floats_(d[2]), d[1])

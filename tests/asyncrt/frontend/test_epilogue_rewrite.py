@@ -516,29 +516,42 @@ def test_a_tanh_gelu_whose_square_is_read_elsewhere_keeps_its_nodes() -> None:
     _check(model, {"x": x})
 
 
-def _gelu_node_model(approximate: str | None, *, read_elsewhere: bool = False) -> Any:
-    """x (2, 5, 4) @ w (4, 6) + b -> ONNX's own Gelu (opset 20)."""
-    attrs = {} if approximate is None else {"approximate": approximate}
+def _bias_then(
+    op: str,
+    depth: int,
+    cols: int,
+    opset: int,
+    read_elsewhere: bool = False,
+    **attrs: Any,
+) -> Any:
+    """x (2, 5, depth) @ w (depth, cols) + b -> ``op`` (``attrs``); with
+    ``read_elsewhere`` the sum is a graph output too."""
     nodes = [
         helper.make_node("MatMul", ["x", "w"], ["p"], name="mm"),
         helper.make_node("Add", ["p", "b"], ["y"], name="bias"),
-        helper.make_node("Gelu", ["y"], ["out"], name="gelu", **attrs),
+        helper.make_node(op, ["y"], ["out"], name="activation", **attrs),
     ]
     outputs = ["out", "y"] if read_elsewhere else ["out"]
     graph = helper.make_graph(
         nodes,
         "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 4])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, depth])],
         [
-            helper.make_tensor_value_info(o, TensorProto.FLOAT, [2, 5, 6])
+            helper.make_tensor_value_info(o, TensorProto.FLOAT, [2, 5, cols])
             for o in outputs
         ],
         [
-            numpy_helper.from_array(_f32(4, 6), "w"),
-            numpy_helper.from_array(_f32(6), "b"),
+            numpy_helper.from_array(_f32(depth, cols), "w"),
+            numpy_helper.from_array(_f32(cols), "b"),
         ],
     )
-    return model_of(graph, 20)
+    return model_of(graph, opset)
+
+
+def _gelu_node_model(approximate: str | None, *, read_elsewhere: bool = False) -> Any:
+    """x (2, 5, 4) @ w (4, 6) + b -> ONNX's own Gelu (opset 20)."""
+    attrs = {} if approximate is None else {"approximate": approximate}
+    return _bias_then("Gelu", 4, 6, 20, read_elsewhere, **attrs)
 
 
 @pytest.mark.parametrize(
@@ -567,26 +580,8 @@ def test_a_gelu_node_whose_input_is_read_elsewhere_stays() -> None:
 
 def _relu_mlp_model(read_elsewhere: bool = False) -> onnx.ModelProto:
     """x (2, 5, 40) @ w (40, 70) + b -> Relu: an MLP's hidden layer."""
-    nodes = [
-        helper.make_node("MatMul", ["x", "w"], ["p"], name="mm"),
-        helper.make_node("Add", ["p", "b"], ["y"], name="bias"),
-        helper.make_node("Relu", ["y"], ["out"], name="relu"),
-    ]
-    outputs = ["out", "y"] if read_elsewhere else ["out"]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 40])],
-        [
-            helper.make_tensor_value_info(o, TensorProto.FLOAT, [2, 5, 70])
-            for o in outputs
-        ],
-        [
-            numpy_helper.from_array(_f32(40, 70), "w"),
-            numpy_helper.from_array(_f32(70), "b"),
-        ],
-    )
-    return model_of(graph, 17)
+    model: onnx.ModelProto = _bias_then("Relu", 40, 70, 17, read_elsewhere)
+    return model
 
 
 @pytest.mark.parametrize("read_elsewhere", [False, True])
