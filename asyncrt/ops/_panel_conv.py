@@ -56,8 +56,8 @@ _NO_BIAS = np.zeros(1, _FLOAT32)
 #: images, K, D, P, channel blocks, flags, the addresses of the packed
 #: weights, x (and its image stride, in floats), out (and its image
 #: stride), bias and its length; the parts per image: runs of channel
-#: blocks, runs of 32 positions.
-_SLOTS = 17
+#: blocks, runs of 32 positions; the row strides of x and out (floats).
+_SLOTS = 19
 
 _SOURCE = (
     COMMON_SOURCE
@@ -80,8 +80,9 @@ def _emit_block(vectors, lanes, context, builder, signature, args):
     e = _Emit(context, builder, lanes)
     w_, x_, out_, bias_ = e.arrays(signature, args, 4)
     kb, c0, flags = args[4:]
+    # (the arrays' second axes are their row strides)
     depth, width = cgutils.unpack_tuple(b, x_.shape, 2)
-    channels = cgutils.unpack_tuple(b, out_.shape, 2)[0]
+    channels, out_width = cgutils.unpack_tuple(b, out_.shape, 2)
     fma = _fma(b, e.vector)
     sums = [
         [cgutils.alloca_once_value(b, e.splat(0.0)) for _ in range(vectors)]
@@ -103,7 +104,7 @@ def _emit_block(vectors, lanes, context, builder, signature, args):
     for r in range(ROWS):
         channel = b.add(k0, e.const(r))
         with b.if_then(b.icmp_signed("<", channel, channels), likely=True):
-            start = b.add(b.mul(channel, width), c0)
+            start = b.add(b.mul(channel, out_width), c0)
             shift_of = lambda c=channel: _broadcast(  # noqa: E731
                 b, e.vector, b.load(b.gep(bias_.data, [c]))
             )
@@ -159,8 +160,9 @@ def conv_claimed(data):
             return
         image, rest = i // per_image, i % per_image
         bp, sp = rest // strip_parts, rest % strip_parts
-        x = numba.carray(floats_(d[9] + 4 * image * x_step), (depth, width))
-        out = numba.carray(floats_(d[11] + 4 * image * out_step), (channels, width))
+        # rows of their strides (d[17], d[18]), the columns past width unread
+        x = numba.carray(floats_(d[9] + 4 * image * x_step), (depth, d[17]))
+        out = numba.carray(floats_(d[11] + 4 * image * out_step), (channels, d[18]))
         first = 32 * (strips * sp // strip_parts)
         last = 32 * (strips * (sp + 1) // strip_parts)
         if sp == strip_parts - 1:
@@ -194,14 +196,15 @@ def pack(w: Array) -> Array:
 
 def takes(w: Array, x: Array, out: Array, bias: Array | None = None) -> bool:
     """Whether :func:`bind` takes ``out[n] = w @ x[n] (+ bias)``: numpy
-    float32, C-contiguous, ``w`` a non-empty ``(K, D)`` matrix, ``x`` ``(N,
-    D, P)``, ``out`` ``(N, K, P)``, ``bias`` ``(K,)``."""
-    arrays = (w, x, out) if bias is None else (w, x, out, bias)
+    float32, ``w`` a non-empty C-contiguous ``(K, D)`` matrix, ``x`` ``(N,
+    D, P)`` and ``out`` ``(N, K, P)`` with contiguous rows (any row and
+    image strides: a chunk of a column matrix, of an output's planes),
+    ``bias`` ``(K,)`` C-contiguous."""
+    matrices = (w,) if bias is None else (w, bias)
     return (
-        all(
-            isinstance(a, np.ndarray) and a.dtype == _FLOAT32 and a.flags.c_contiguous
-            for a in arrays
-        )
+        all(isinstance(a, np.ndarray) and a.dtype == _FLOAT32 for a in (w, x, out))
+        and all(a.flags.c_contiguous for a in matrices)
+        and (bias is None or (isinstance(bias, np.ndarray) and bias.dtype == _FLOAT32))
         and (bias is None or bias.shape == w.shape[:1])
         and w.ndim == 2
         and w.size > 0
@@ -210,6 +213,21 @@ def takes(w: Array, x: Array, out: Array, bias: Array | None = None) -> bool:
         and x.shape[1] == w.shape[1]
         and out.shape[1] == w.shape[0]
         and x.shape[2] == out.shape[2]
+        and _rows_contiguous(x)
+        and _rows_contiguous(out)
+    )
+
+
+def _rows_contiguous(a: Array) -> bool:
+    """Whether ``a`` (3-D) has unit steps along its rows, and rows and
+    images that do not overlap (steps in whole floats)."""
+    images, rows, cols = a.shape
+    image_step, row_step, col_step = a.strides
+    return (
+        (col_step == a.itemsize or cols <= 1)
+        and all(step % a.itemsize == 0 and step >= 0 for step in a.strides)
+        and (rows <= 1 or row_step >= cols * a.itemsize)
+        and (images <= 1 or image_step >= rows * max(row_step, cols * a.itemsize))
     )
 
 
@@ -236,9 +254,13 @@ def bind(
     blocks = packed.shape[0]
     shift = _NO_BIAS if bias is None else bias
     flags = (0 if bias is None else BIAS_FLAG) | (RELU_FLAG if relu else 0)
+    x_steps, out_steps = (s // 4 for s in x.strides), (s // 4 for s in out.strides)
+    x_image, x_row, _ = x_steps
+    out_image, out_row, _ = out_steps
     slots = [0, 0, images, channels, depth, width, blocks, flags]
-    slots += [packed.ctypes.data, x.ctypes.data, depth * width, out.ctypes.data]
-    slots += [channels * width, shift.ctypes.data, shift.size, 1, 1]
+    slots += [packed.ctypes.data, x.ctypes.data, x_image, out.ctypes.data]
+    slots += [out_image, shift.ctypes.data, shift.size, 1, 1]
+    slots += [x_row if depth > 1 else width, out_row if channels > 1 else width]
     data = np.array(slots, np.int64)
     address = data.ctypes.data
     held = (packed, x, out, shift)  # (the addresses in data stay valid)

@@ -25,13 +25,14 @@ differently, so results agree within float32 rounding.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from . import _jit, _team_blas
+from . import _jit, _panel_conv, _team_blas
 from ._common import Array
 from ._conv_epilogue import bind_bias_activation
 
@@ -113,12 +114,16 @@ def bind_row_chunks(
     dilations: tuple[int, ...],
     *,
     activation: str = "none",
+    constant_weights: bool = False,
 ) -> Callable[[], None]:
     """``out = activation(conv(x, w) + bias)`` for :func:`takes`' arrays,
     as a call without arguments.
 
     :param bias: ``(M,)`` or ``None``.
     :param begin: the pads before each spatial axis.
+    :param constant_weights: ``w``'s values are fixed for the binding's
+        life (a parameter): float32 chunks multiply by weights packed once
+        (:mod:`asyncrt.ops._panel_conv`), each chunk's product bound now.
     """
     n, c, height, width = x.shape
     m, _, k_h, k_w = w.shape
@@ -195,14 +200,23 @@ def bind_row_chunks(
 
         return grouped
 
+    def product(image: int, top: int, count: int) -> Callable[[], None]:
+        """The chunk's GEMM into its run of the image's planes."""
+        span = count * out_w
+        into = planes[image, :, top * out_w : top * out_w + span]
+        matrix = cols[:, :span]
+        if constant_weights and _panel_conv.takes(weights, matrix[None], into[None]):
+            return _panel_conv.bind(weights, matrix[None], into[None])
+        return functools.partial(matmul, weights, matrix, out=into)
+
+    products = [[product(i, top, count) for top, count in chunks] for i in range(n)]
+
     def row_chunks() -> None:
-        for image in range(n):
+        for image, multiplies in enumerate(products):
             split(image)
-            for top, count in chunks:
+            for (top, count), multiply in zip(chunks, multiplies, strict=True):
                 gather(phases, cols, taps, top, count, out_w)
-                span = count * out_w
-                into = planes[image, :, top * out_w : top * out_w + span]
-                matmul(weights, cols[:, :span], out=into)
+                multiply()
         epilogue()
 
     return row_chunks

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _common, _scratch, _team_blas
+from . import _common, _panel_conv, _scratch, _team_blas
 from ._common import Array
 from ._conv_epilogue import bind_bias_activation
 
@@ -52,6 +52,7 @@ def bind_strided(
     *,
     activation: str = "none",
     limit: float | None = None,
+    constant_weights: bool = False,
 ) -> Callable[[], None]:
     """``out = activation(conv(x, w) + bias)`` (:mod:`._conv_epilogue`) as a
     call without arguments, bound to these arrays.
@@ -64,6 +65,10 @@ def bind_strided(
         from the shapes).
     :param limit: scratch kept by the binding at most (default
         ``BOUND_SCRATCH_BYTES``); more is allocated per call.
+    :param constant_weights: ``w``'s values are fixed for the binding's
+        life (a parameter): with the column matrix kept, one group and
+        float32, the GEMM multiplies by weights packed once
+        (:mod:`asyncrt.ops._panel_conv`).
     """
     if limit is None:
         limit = _common.BOUND_SCRATCH_BYTES
@@ -176,6 +181,23 @@ def bind_strided(
         if pads:
             kept[0].fill(0)  # the borders stay zero: only the interior is written
         prepared = copies(kept)
+        steps, matrix = prepared
+        flat = (matrix.reshape(n, -1, positions), result.reshape(n, -1, positions))
+        if (
+            constant_weights
+            and group == 1
+            and xp is np
+            and _panel_conv.takes(weights[0], *flat)
+        ):
+            multiply = _panel_conv.bind(weights[0], *flat)
+
+            def packed() -> None:
+                for target, source in steps:
+                    copyto(target, source)
+                multiply()
+                epilogue()
+
+            return packed
 
         def strided() -> None:
             compute(*prepared)

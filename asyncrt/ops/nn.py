@@ -229,7 +229,9 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             activation=activation,
         )
 
-    def strided(x: Array, w: Array, *rest: Array) -> Callable[[], None] | None:
+    def strided(
+        x: Array, w: Array, *rest: Array, constant_weights: bool = False
+    ) -> Callable[[], None] | None:
         """The convolution as one copy per tap and a GEMM over the real
         output positions (:mod:`asyncrt.ops._strided`), or ``None`` where
         each group has one input channel (:func:`_depthwise_taps` skips
@@ -262,6 +264,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
                 begin,
                 geometry.dilations,
                 activation=activation,
+                constant_weights=constant_weights,
             )
         return bind_strided(
             xp,
@@ -274,6 +277,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             begin,
             geometry.dilations,
             activation=activation,
+            constant_weights=constant_weights,
         )
 
     def packed_pointwise(x: Array, w: Array, *rest: Array) -> Callable[[], None] | None:
@@ -365,7 +369,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             if pointwise is not None:
                 return pointwise
         if out.size and w.size and x.dtype != np.float16:
-            gathered = strided(x, w, *rest)
+            gathered = strided(x, w, *rest, constant_weights=1 in constant)
             if gathered is not None:
                 return gathered
         bound = None

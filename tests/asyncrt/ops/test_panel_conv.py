@@ -8,6 +8,7 @@ the other paths; ONNX's Gemm of a parameter."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,25 @@ def test_products_match_float64(
     call()
     _close(out, _want(w, x))
     assert np.isnan(storage[size:]).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_chunks_of_wider_rows(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """``x`` a chunk of a wider column matrix, ``out`` a run of each of an
+    output's planes (rows longer than the chunk): only the chunk's cells
+    are read and written."""
+    monkeypatch.setattr(_threads.limits, "threads", threads)
+    monkeypatch.setattr(_panel_conv, "MIN_PARALLEL_WORK", 0)
+    w = _f(20, 30)
+    cols = _f(30, 100)
+    planes = np.full((2, 20, 150), np.nan, np.float32)
+    x = cols[None, :, :70]  # (1, 30, 70), rows 100 apart
+    out = planes[1:, :, 40:110]  # (1, 20, 70), rows 150 apart
+    assert _panel_conv.takes(w, x, out)
+    _panel_conv.bind(w, x, out)()
+    _close(out, _want(w, x))
+    assert np.isnan(planes[0]).all()
+    assert np.isnan(planes[1, :, :40]).all() and np.isnan(planes[1, :, 110:]).all()
 
 
 @pytest.mark.parametrize(("bias", "relu"), [(True, False), (True, True), (False, True)])
@@ -204,3 +224,65 @@ def test_onnx_gemm_of_a_parameter_takes_the_panels(
     want = alpha * (x.astype(np.float64) @ right) + beta * c
     _close(y.numpy(), want)
     assert taken == ["_panel_gemm"]
+
+
+@pytest.mark.parametrize(
+    ("shape", "channels", "kernel", "stride", "pads", "path"),
+    [
+        # a stem: row chunks of a column matrix, each chunk's GEMM packed
+        ((1, 3, 40, 40), 16, 7, 2, 3, "_row_chunks"),
+        # small planes of many channels, 5 x 5 (no Winograd)
+        ((1, 96, 7, 7), 40, 5, 1, 2, "_row_chunks"),
+        ((1, 16, 14, 14), 32, 3, 2, 1, "_row_chunks"),
+        # ResNet's downsampling: one strided window, the column matrix kept
+        ((2, 32, 14, 14), 64, 1, 2, 0, "_strided"),
+    ],
+)
+def test_convolutions_of_parameters_multiply_by_packed_weights(
+    monkeypatch: pytest.MonkeyPatch,
+    shape: tuple[int, ...],
+    channels: int,
+    kernel: int,
+    stride: int,
+    pads: int,
+    path: str,
+) -> None:
+    """Im2col's GEMMs (row chunks, the strided column matrix) take the
+    packed weights where the weights are a parameter; the new weights after
+    ``set_input``."""
+    from .conv_reference import conv_reference
+
+    seen: list[str] = []
+    bind = _panel_conv.bind
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen.append(sys._getframe(1).f_globals["__name__"].rsplit(".", 1)[-1])
+        return bind(*args, **kw)
+
+    monkeypatch.setattr(_panel_conv, "bind", spy)
+    w = _f(channels, shape[1], kernel, kernel)
+    b = _f(channels)
+    node = helper.make_node(
+        "Conv", ["x", "w", "b"], ["y"], strides=[stride] * 2, pads=[pads] * 4
+    )
+    size = (shape[2] + 2 * pads - kernel) // stride + 1
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", FLOAT, [shape[0], channels, size, size])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    g, params = from_onnx(model)
+    x = _f(*shape)
+    with graph_executor.create(g, None, "cpu", params=params) as executor:
+        (y,) = executor.run_sync(x=x)
+        assert seen and set(seen) == {path}  # (the binder that took it)
+        want = conv_reference(x, w, b, 1, [stride] * 2, [pads] * 4, [1, 1])
+        _close(y.numpy(), want)
+        new_w = _f(*w.shape)
+        executor.set_input("w", new_w)
+        (y,) = executor.run_sync(x=x)
+        want = conv_reference(x, new_w, b, 1, [stride] * 2, [pads] * 4, [1, 1])
+        _close(y.numpy(), want)
