@@ -133,12 +133,14 @@ def test_blas_is_held_to_one_thread_while_the_team_runs_products() -> None:
     if before < 2:
         pytest.skip("needs a BLAS pool of at least 2 threads")
     limits = _threads.ThreadLimits(cores=before)
-    lease = limits.acquire(before, streams=1)
+    lease = limits.acquire(before, streams=1, blas=True)
     try:
         assert _blas_threads() == before and limits.threads == before
+        assert limits.compiled_threads == 1  # (beside BLAS's spinning helpers)
         limits.put_blas_on_team()
         assert _blas_threads() == 1
         assert limits.threads == before  # (the team's size)
+        assert limits.compiled_threads == before  # (none spins for long now)
     finally:
         lease.release()
     assert _blas_threads() == before
