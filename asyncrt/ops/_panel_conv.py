@@ -11,9 +11,9 @@ a constant right operand; here ``W`` is packed into blocks of
 (:func:`pack`, shared by value), and the micro-kernel keeps 8 channels x
 32 positions of the result in sixteen vector registers: per ``d``, two
 vector loads of ``X``'s row and each channel's weight broadcast into two
-fused multiply-adds. Positions left over take a block of 16, then one at
-a time; channels past ``K`` (the last block's zero padding) are not
-stored. The bias (one per channel) and ReLU are added as blocks are
+fused multiply-adds. Positions left over take blocks of 16 and 8, the
+last few a block of 8 ending at the run's end; channels past ``K`` (the
+last block's zero padding) are not stored. The bias (one per channel) and ReLU are added as blocks are
 stored (:data:`asyncrt.ops._panel_gemm.COMMON_SOURCE`'s epilogue).
 
 BLAS packs ``W`` on every call and hands the product to its threads, which
@@ -114,10 +114,12 @@ def _emit_block(vectors, lanes, context, builder, signature, args):
     return None
 
 
-# 32 positions a block; those left, 16 at once, the last few by a block
-# of 16 that ends at the run's end (its first cells computed again, alike),
-# one at a time in runs narrower than 16
-block_wide_, block_16_, block_1_ = _block(2, 16), _block(1, 16), _block(1, 1)
+# 32 positions a block; those left, 16 then 8 at once, the last few by a
+# block of 8 that ends at the run's end (its first cells computed again,
+# alike: a 7 x 7 plane's 49 positions take 56 lanes of work), one at a
+# time in runs narrower than 8
+block_wide_, block_16_ = _block(2, 16), _block(1, 16)
+block_8_, block_1_ = _block(1, 8), _block(1, 1)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
@@ -133,8 +135,11 @@ def conv_gemm(w, x, out, bias, flags, kb_first, kb_last, first, last):
         if c + 16 <= last:
             block_16_(w, x, out, bias, kb, c, flags)
             c += 16
-        if c < last and last - first >= 16:
-            block_16_(w, x, out, bias, kb, last - 16, flags)
+        if c + 8 <= last:
+            block_8_(w, x, out, bias, kb, c, flags)
+            c += 8
+        if c < last and last - first >= 8:
+            block_8_(w, x, out, bias, kb, last - 8, flags)
         elif c < last:
             for p in range(c, last):
                 block_1_(w, x, out, bias, kb, p, flags)
