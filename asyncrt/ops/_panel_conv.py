@@ -13,8 +13,9 @@ a constant right operand; here ``W`` is packed into blocks of
 vector loads of ``X``'s row and each channel's weight broadcast into two
 fused multiply-adds. Positions left over take blocks of 16 and 8, the
 last few a block of 8 ending at the run's end; channels past ``K`` (the
-last block's zero padding) are not stored. The bias (one per channel) and ReLU are added as blocks are
-stored (:data:`asyncrt.ops._panel_gemm.COMMON_SOURCE`'s epilogue).
+last block's zero padding) are not stored. The bias (one per channel) and
+ReLU are added as blocks are stored
+(:data:`asyncrt.ops._panel_gemm.COMMON_SOURCE`'s epilogue).
 
 BLAS packs ``W`` on every call and hands the product to its threads, which
 costs most at the small planes of a MobileNet's pointwise convolutions
