@@ -421,7 +421,7 @@ class ThreadLimits:
         # executor's BLAS kernels: compiled parts beside them get half a
         # core (module docstring). Not once BLAS is held to one thread: the
         # team's helpers spin briefly, and two parts then paid (ResNet-18
-        # 19.6 -> 18.7 ms, MiniLM 2 x 64 15.9 -> 15.8, MobileNetV3 the same)
+        # 19.6 -> 18.7 ms; GPT-2, MiniLM and MobileNetV3 within the noise)
         native = self._blas and self._pools.native() and not self.blas_on_team
         alone = self.threads < MIN_SPLIT_BESIDE_NATIVE
         self.compiled_threads = 1 if native and alone else self.threads
