@@ -509,14 +509,6 @@ CROWDED_BLOCKS_PER_THREAD = 4
 CROWDED_MIN_BLOCK_ROWS = 48
 
 
-def crowded_blocks(a: Array, b: Array) -> int:
-    """Blocks a thread for ``a @ b`` (a matrix ``b``) while busy neighbours
-    crowd the kernel threads down to one: :data:`CROWDED_BLOCKS_PER_THREAD`
-    from :data:`CROWDED_SPLIT_MIN_WORK` multiply-adds, else 1 (no split)."""
-    work = a.size * b.shape[-1]
-    return CROWDED_BLOCKS_PER_THREAD if work >= CROWDED_SPLIT_MIN_WORK else 1
-
-
 def bind_matmul(
     matmul: Callable[..., Any],
     a: Array,
@@ -537,7 +529,7 @@ def bind_matmul(
         ``b`` packed now, once.
     """
     if constant_b and _panel_gemm.takes(a, b, out):
-        return _panel_gemm.bind(a, b, out, crowded_blocks(a, b))
+        return _panel_gemm.bind(a, b, out)
     if stacked_as_one_gemm(a, b, out):
         a, out = a.reshape(-1, a.shape[-1]), out.reshape(-1, out.shape[-1])
     if _team_blas.takes(a, b, out):  # (it splits crowded products itself)

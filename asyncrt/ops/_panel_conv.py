@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import _native_team, _threads
+from ..runtime import _native_team
 from . import _packed
 from ._common import Array
 from ._panel_gemm import (
@@ -270,21 +270,13 @@ def bind(
     data = np.array(slots, np.int64)
     address = data.ctypes.data
     held = (packed, x, out, shift)  # (the addresses in data stay valid)
-    limits = _threads.limits
-    work = images * channels * depth * width
+    large = images * channels * depth * width >= MIN_PARALLEL_WORK
     strips = max(1, width // _WIDE)
 
     def product() -> None:
         if not held[2].size:
             return
-        large = work >= MIN_PARALLEL_WORK
-        threads = limits.threads if large else 1
-        crowding = limits.gemm_parts
-        crowded = crowding > 1 and large
-        if crowded:  # several parts a thread: see _panel_gemm
-            threads, wanted = crowding, 4 * crowding
-        else:
-            wanted = threads
+        threads, wanted, crowded = _native_team.share(large)
         # images first, then runs of channel blocks, then of positions
         per_image = -(-wanted // images)
         block_parts = min(blocks, per_image)

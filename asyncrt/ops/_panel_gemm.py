@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import _native_team, _threads
+from ..runtime import _native_team
 from . import _jit, _packed
 from ._common import Array
 from ._vector_ir import CLAIMS, compile_vectors
@@ -360,7 +360,6 @@ def bind(
     a: Array,
     b: Array,
     out: Array,
-    crowded_blocks: int = 1,
     *,
     bias: Array | None = None,
     relu: bool = False,
@@ -373,11 +372,6 @@ def bind(
     :param bias: ``(N,)`` float32, C-contiguous (:func:`takes_bias`), read
         each call.
     :param relu: apply ReLU (NaN stays NaN).
-    :param crowded_blocks: runs of panels a thread to split into over the
-        part pool while other processes crowd the kernel threads down to
-        one (:attr:`~asyncrt.runtime._threads.ThreadLimits.gemm_parts`:
-        its threads take each other's runs, where a ``prange``'s static
-        shares wait for a thread the machine is not running); 1: never.
     """
     run = _native_team.launcher(_kernel_address())
     _native_team.use()
@@ -394,22 +388,15 @@ def bind(
     )
     address = data.ctypes.data
     held = (rows, panels, cols, shift)  # (the addresses in data stay valid)
-    limits = _threads.limits
-    split = m * depth * cols.shape[1] >= MIN_PARALLEL_WORK
-    most = max(count, -(-m // ROWS)) if split else 1
-    runs = min(count, crowded_blocks)
+    large = m * depth * cols.shape[1] >= MIN_PARALLEL_WORK
+    most = max(count, -(-m // ROWS))  # (runs of panels, or row blocks)
 
     def product() -> None:
         if not held[0].size:
             return
-        crowding = limits.gemm_parts
-        crowded = crowding > 1 and runs > 1
-        if crowded:
-            threads = parts = crowding  # ... each taking `runs` parts
-            parts *= runs
-        else:
-            threads = parts = min(limits.threads, most)
+        threads, parts, crowded = _native_team.share(large)
+        parts = min(parts, most)
         data[0], data[1] = 0, parts
-        run(address, threads, crowded)
+        run(address, min(threads, parts), crowded)
 
     return product

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
-from ..runtime import _native_team, _threads
+from ..runtime import _native_team
 from . import _jit
 from ._common import Array
 from ._vector_ir import CLAIMS, compile_vectors
@@ -399,12 +399,8 @@ class _Product:
         self._most_blocks = max(1, extent // MIN_ROWS_PER_PART)
 
     def __call__(self) -> None:
-        limits, data, count = _threads.limits, self._data, self._count
-        threads = limits.threads if self._large else 1
-        crowding = limits.gemm_parts
-        crowded = crowding > 1 and self._large
-        wanted = 4 * crowding if crowded else threads
-        threads = crowding if crowded else threads
+        data, count = self._data, self._count
+        threads, wanted, crowded = _native_team.share(self._large)
         row_parts = min(self._most_blocks, max(1, -(-wanted // count)))
         data[0], data[1], data[2] = 0, count * row_parts, row_parts
         self._run(self._address, threads, crowded)

@@ -60,7 +60,7 @@ from scheduler.dag import TensorSpec
 
 from ..runtime import _threads
 from . import _epijit, _jit, _panel_gemm, _team_blas
-from ._builtin import SOFTMAX_SPLIT_ELEMENTS, bind_matmul, crowded_blocks
+from ._builtin import SOFTMAX_SPLIT_ELEMENTS, bind_matmul
 from ._common import BOUND_SCRATCH_BYTES, Array, choice, flag, integer, number
 from ._kernels import Bindable
 from ._library import Attrs, define, lookup
@@ -120,8 +120,7 @@ def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
             and _panel_gemm.takes(a, w, out)
             and _panel_gemm.takes_bias(bias, out)
         ):  # the bias and ReLU added as the product's blocks are stored
-            blocks = crowded_blocks(a, w)
-            return _panel_gemm.bind(a, w, out, blocks, bias=bias, relu=relu)
+            return _panel_gemm.bind(a, w, out, bias=bias, relu=relu)
         product = bind_matmul(matmul, a, w, out, constant_b=1 in constant)
         cols = out.shape[-1] if out.ndim else 1
         if gelu and out.size and bias.shape == (cols,) and _compiles(out, bias):

@@ -10,7 +10,6 @@ from types import ModuleType
 from scheduler.dag import TensorSpec
 
 from . import _panel_gemm
-from ._builtin import crowded_blocks
 from ._common import Array, flag, number
 from ._kernels import Bindable
 from ._library import Attrs, define
@@ -50,10 +49,7 @@ def _gemm(xp: ModuleType, attrs: Attrs) -> Kernel:
                 and beta == 1
                 and _panel_gemm.takes_bias(c, out)
             )
-            blocks = crowded_blocks(left, right)
-            packed = _panel_gemm.bind(
-                left, right, out, blocks, bias=c if fused else None
-            )
+            packed = _panel_gemm.bind(left, right, out, bias=c if fused else None)
             if fused:
                 return packed
             multiplied = packed

@@ -34,7 +34,11 @@ from typing import Any
 
 from . import _part_pool, _threads
 
-__all__ = ("launcher", "teams_available", "use")
+__all__ = ("CROWDED_PARTS_PER_THREAD", "launcher", "share", "teams_available", "use")
+
+#: Parts a thread while other processes crowd the cores: a thread the
+#: machine does not run holds up only the part it took.
+CROWDED_PARTS_PER_THREAD = 4
 
 _WORK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _lock = threading.Lock()
@@ -77,6 +81,25 @@ def teams_available() -> bool:
     if _launched_in is None:
         _launched_in = pid
     return _launched_in == pid
+
+
+def share(large: bool) -> tuple[int, int, bool]:
+    """How the next call of a kernel shares its work under the thread
+    limits: ``(threads, parts, crowded)``. A small product (not ``large``)
+    runs on the calling thread; a large one on the kernel threads, a part
+    each, or while other processes crowd the cores
+    (:attr:`ThreadLimits.gemm_parts
+    <asyncrt.runtime._threads.ThreadLimits.gemm_parts>`) on the part pool,
+    :data:`CROWDED_PARTS_PER_THREAD` parts a thread (pass ``crowded`` on to
+    :func:`launcher`'s call). A kernel takes fewer parts where its work
+    has fewer."""
+    if not large:
+        return 1, 1, False
+    limits = _threads.limits
+    crowding = limits.gemm_parts
+    if crowding > 1:
+        return crowding, CROWDED_PARTS_PER_THREAD * crowding, True
+    return limits.threads, limits.threads, False
 
 
 def use() -> None:

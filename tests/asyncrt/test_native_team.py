@@ -14,7 +14,7 @@ import pytest
 
 from asyncrt.ops import _jit
 from asyncrt.ops._vector_ir import CLAIMS, compile_vectors
-from asyncrt.runtime import _native_team
+from asyncrt.runtime import _native_team, _threads
 
 pytestmark = pytest.mark.skipif(not _jit.available(), reason="numba not installed")
 
@@ -80,6 +80,20 @@ def test_crowded_calls_go_to_the_part_pool(
     run(data.ctypes.data, threads, crowded=True)
     np.testing.assert_array_equal(cells, np.arange(1, 41))
     assert pooled == [threads]
+
+
+def test_how_a_call_shares_its_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small work stays on the caller; large work a part a kernel thread,
+    or while crowded several parts a thread on the part pool."""
+    monkeypatch.setattr(_threads.limits, "threads", 2)
+    monkeypatch.setattr(_threads.limits, "gemm_parts", 1)
+    assert _native_team.share(False) == (1, 1, False)
+    assert _native_team.share(True) == (2, 2, False)
+    monkeypatch.setattr(_threads.limits, "threads", 1)
+    monkeypatch.setattr(_threads.limits, "gemm_parts", 2)
+    parts = 2 * _native_team.CROWDED_PARTS_PER_THREAD
+    assert _native_team.share(True) == (2, parts, True)
+    assert _native_team.share(False) == (1, 1, False)
 
 
 def test_launches_from_many_threads_at_once() -> None:

@@ -99,7 +99,7 @@ def test_the_crowded_split_agrees(monkeypatch: pytest.MonkeyPatch, parts: int) -
     monkeypatch.setattr(_threads.limits, "gemm_parts", parts)
     a, b = _float(50, 200), _float(200, 300)
     out = np.full((50, 300), np.nan, np.float32)
-    _panel_gemm.bind(a, b, out, crowded_blocks=4)()
+    _panel_gemm.bind(a, b, out)()
     _close(out, a, b)
 
 
