@@ -59,8 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import _threads
-from . import _dwvector, _jit, _jitmath
+from . import _dwvector, _jit, _jitmath, _team_parts
 from ._common import Array
 from ._conv_epilogue import (
     EXPRESSIONS,
@@ -68,6 +67,7 @@ from ._conv_epilogue import (
     compiles,
     split_activation,
 )
+from ._team_parts import SHARES_PER_THREAD
 
 __all__ = (
     "MAX_GROUP_OUTPUTS",
@@ -413,7 +413,6 @@ def bind_depthwise(
         geometry = (*strides, *begin, *dilations)
         return _bind_planes(x, w, bias, out, geometry, activation)
     if vectors:
-        shares = _shares(out, w, out.shape[2])
         return _dwvector.bind(
             x,
             w,
@@ -422,7 +421,6 @@ def bind_depthwise(
             strides,
             begin,
             dilations,
-            shares,
             activation=activation,
             constant_weights=constant_weights,
         )
@@ -513,7 +511,9 @@ def _bind_planes(
     kernel = _jit.compile_source(module, text, "kernel")
     taps = w.reshape(w.shape[0], len(offsets))
     shift = np.zeros(w.shape[0], x.dtype) if bias is None else bias
-    shares = _shares(out, w, w.shape[0])
+    # each share copies its groups' input planes: a group of many inputs
+    # copies them once per share of its outputs
+    shares = _shares(out, w, w.shape[0], 1 if in_group > 1 else SHARES_PER_THREAD)
     pad = -np.inf if reduce == "max" else 0  # what a cell outside the input adds
     planes = in_group * stride_h * column_phases
     # The loop also sums the pitch's padding columns of the last row, whose
@@ -593,8 +593,10 @@ def _vectors_win(w: Array, out: Array) -> bool:
     return bool(w.shape[0] >= MIN_CHANNELS and out.shape[3] <= limit)
 
 
-def _shares(out: Array, w: Array, extent: int) -> list[tuple[int, int]]:
-    """``range(extent)`` cut into one ``(first, last)`` share per kernel
-    thread the work pays for."""
+def _shares(
+    out: Array, w: Array, extent: int, per_thread: int = SHARES_PER_THREAD
+) -> list[tuple[int, int]]:
+    """``range(extent)`` cut into ``(first, last)`` shares over the kernel
+    threads the work pays for (:func:`asyncrt.ops._team_parts.shares`)."""
     work = out.size * math.prod(w.shape[1:])
-    return _threads.shares(extent, work // MIN_WORK_PER_THREAD)
+    return _team_parts.shares(extent, work, MIN_WORK_PER_THREAD, per_thread=per_thread)

@@ -48,18 +48,25 @@ from typing import Any
 
 import numpy as np
 
-from . import _jit, _scratch
+from . import _jit, _scratch, _team_parts
 from ._common import Array
 from ._conv_epilogue import ACTIVATIONS, split_activation
 from ._vector_ir import compile_vectors
 
-__all__ = ("bind", "lanes", "takes")
+__all__ = ("MIN_WORK_PER_THREAD", "bind", "lanes", "takes")
+
+#: Multiply-adds each thread of the part pool gets at least before a
+#: convolution's channel blocks are split over it (a hand-off costs tens of
+#: microseconds); on the native team, :data:`asyncrt.ops._team_parts.MIN_TEAM_WORK`
+#: in all.
+MIN_WORK_PER_THREAD = 2_000_000
 
 _FLOAT32 = np.dtype(np.float32)
 
 
 _SOURCE = """
 KH, KW, SH, SW, DH, DW, LANES = {geometry}
+TILE = {tile}
 ACTIVATION = "{activation}"
 
 
@@ -154,48 +161,60 @@ def block_cell_(typingctx, xp, w, bias, out, n, c0, q):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
-def kernel(xp, w, bias, out, first, last):
-    # output rows first:last of out (N, C, OH, OW); xp (N, Hp, Wp, Cs)
-    # zero-padded, w (KH * KW, Cb), bias (Cb,): Cb channels in whole blocks
-    # of LANES, Cs >= Cb
-    cells = out.shape[3]
-    first_cell, last_cell = first * cells, last * cells
-    for n in range(xp.shape[0]):
-        for c0 in range(0, w.shape[1], LANES):
-            q = first_cell
-            while q + LANES <= last_cell:
+def kernel(x, xp, w, bias, out, first, last, top, left):
+    # channel blocks first:last (of LANES channels) of out (N, C, OH, OW)
+    # from x (N, C, H, W): each block's channels copied into xp (N, Hp,
+    # Wp, Cs: channels-last, the interior at top, left, the pads zeroed
+    # again: scratch other kernels wrote over) then summed while hot; w
+    # (KH * KW, Cb), bias (Cb,): Cb channels in whole blocks, Cs >= Cb.
+    # Blocks are independent: a team's threads each take some.
+    batch, channels, height, width = x.shape
+    rows, columns = xp.shape[1], xp.shape[2]
+    cells = height * width
+    whole = cells - cells % TILE
+    last_channel = channels - 1
+    out_cells = out.shape[2] * out.shape[3]
+    for n in range(batch):
+        for block in range(first, last):
+            c0 = block * LANES
+            for r in range(rows):
+                inside = top <= r < top + height
+                for q in range(columns):
+                    if inside and left <= q < left + width:
+                        continue
+                    for c in range(c0, c0 + LANES):
+                        xp[n, r, q, c] = 0.0
+            for t0 in range(c0, c0 + LANES, TILE):
+                for p0 in range(0, whole, TILE):
+                    tile_in_(x, xp, n, t0, p0, top, left)
+            for c in range(c0, c0 + LANES):
+                for p in range(whole, cells):
+                    h = p // width
+                    q = p - h * width
+                    xp[n, top + h, left + q, c] = x[n, min(c, last_channel), h, q]
+            q = 0
+            while q + LANES <= out_cells:
                 block_run_(xp, w, bias, out, n, c0, q)
                 q += LANES
-            while q < last_cell:
+            while q < out_cells:
                 block_cell_(xp, w, bias, out, n, c0, q)
                 q += 1
 """
 
 
-def _pixel_stride(blocks: int) -> int:
-    """Channels a pixel spans in the buffers: ``blocks`` (whole vectors),
-    plus a line where that is an even number of 64-byte lines: a stride
-    of a power of two times 128 bytes puts a kernel's taps, 1 KiB or
-    4 KiB apart, in the same few L1 cache sets (1024 channels of 7 x 7:
-    184 us, against about 50)."""
-    lines = blocks * 4 // 64
-    return blocks + 16 if lines % 2 == 0 else blocks
-
-
-_LAYOUT_SOURCE = """
-LANES = {lanes}
+_TILE_SOURCE = """
 
 
 @intrinsic
 def tile_in_(typingctx, x, pixels, n, c0, p0, top, left):
-    # x[n, c0:c0 + LANES] at plane cells p0:p0 + LANES -> their pixels of
+    # x[n, c0:c0 + TILE] at plane cells p0:p0 + TILE -> their pixels of
     # ``pixels`` (channels-last, the interior at top, left); channels past
     # the last repeat it (into pad channels, whose sums are dropped)
     if not (_is_float_array(x, 4) and _is_float_array(pixels, 4)):
         return None
 
     def codegen(context, builder, signature, args):
-        e = _Emit(context, builder, LANES)
+        e = _Emit(context, builder, TILE)
         source, target = e.arrays(signature, args, 2)
         n, c0, p0, top, left = args[2:]
         _, channels, height, width = cgutils.unpack_tuple(builder, source.shape, 4)
@@ -203,7 +222,7 @@ def tile_in_(typingctx, x, pixels, n, c0, p0, top, left):
         plane = builder.mul(height, width)
         last = builder.sub(channels, e.const(1))
         loaded = []
-        for k in range(LANES):
+        for k in range(TILE):
             c = builder.add(c0, e.const(k))
             c = builder.select(builder.icmp_signed("<", c, channels), c, last)
             plane_start = e.index((e.index((n, channels), c), plane), p0)
@@ -222,35 +241,17 @@ def tile_in_(typingctx, x, pixels, n, c0, p0, top, left):
 
     intp = types.intp
     return types.none(x, pixels, intp, intp, intp, intp, intp), codegen
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
-def to_pixels(x, pixels, top, left, blocks):
-    # pixels[:, top:top + H, left:left + W, :blocks] = x channels-last, the
-    # channels past C repeating the last; the pads around zero (the buffer
-    # is scratch other kernels wrote over)
-    batch, channels, height, width = x.shape
-    rows, columns = pixels.shape[1], pixels.shape[2]
-    cells = height * width
-    whole = cells - cells % LANES
-    last = channels - 1
-    for n in range(batch):
-        for r in range(rows):
-            inside = top <= r < top + height
-            for q in range(columns):
-                if inside and left <= q < left + width:
-                    continue
-                for c in range(blocks):
-                    pixels[n, r, q, c] = 0.0
-        for c0 in range(0, blocks, LANES):
-            for p0 in range(0, whole, LANES):
-                tile_in_(x, pixels, n, c0, p0, top, left)
-            for c in range(c0, min(c0 + LANES, blocks)):
-                for p in range(whole, cells):
-                    h = p // width
-                    w = p - h * width
-                    pixels[n, top + h, left + w, c] = x[n, min(c, last), h, w]
 """
+
+
+def _pixel_stride(blocks: int) -> int:
+    """Channels a pixel spans in the buffers: ``blocks`` (whole vectors),
+    plus a line where that is an even number of 64-byte lines: a stride
+    of a power of two times 128 bytes puts a kernel's taps, 1 KiB or
+    4 KiB apart, in the same few L1 cache sets (1024 channels of 7 x 7:
+    184 us, against about 50)."""
+    lines = blocks * 4 // 64
+    return blocks + 16 if lines % 2 == 0 else blocks
 
 
 #: Channels and cells the layout copies move as one tile, transposed in
@@ -259,16 +260,6 @@ def to_pixels(x, pixels, top, left, blocks):
 #: channels of 14 x 14: 11 and 8 us in and out, against 14 and 15; 96 of
 #: 28 x 28, planes 3 KiB apart: 14 and 10 against 24 and 47).
 COPY_TILE = 8
-
-
-@functools.cache
-def _to_pixels(vector: int) -> Callable[..., None]:
-    """``to_pixels(x, pixels, top, left, blocks)`` compiled: NCHW into the
-    padded channels-last buffer, in tiles of ``vector`` x ``vector``
-    transposed in registers."""
-    return compile_vectors(
-        "asyncrt_dwlayout", _LAYOUT_SOURCE, "to_pixels", lanes=vector
-    )
 
 
 @functools.cache
@@ -291,7 +282,12 @@ def _kernel(geometry: tuple[int, ...], activation: str) -> Callable[..., None]:
     """The loop for ``(KH, KW, SH, SW, DH, DW, LANES)`` and ``activation``,
     compiled (or loaded from numba's disk cache)."""
     return compile_vectors(
-        "asyncrt_dwvector", _SOURCE, "kernel", geometry=geometry, activation=activation
+        "asyncrt_dwvector",
+        _SOURCE + _TILE_SOURCE,
+        "kernel",
+        geometry=geometry,
+        activation=activation,
+        tile=COPY_TILE,
     )
 
 
@@ -310,17 +306,17 @@ def bind(
     strides: tuple[int, ...],
     begin: tuple[int, ...],
     dilations: tuple[int, ...],
-    shares: list[tuple[int, int]],
     *,
     activation: str = "none",
     constant_weights: bool = False,
 ) -> Callable[[], None]:
     """The depthwise convolution ``out (N, C, OH, OW)`` of ``x (N, C, H, W)``
     and ``w (C, 1, KH, KW)`` (all C-contiguous float32) as a call without
-    arguments, its loops compiled now.
+    arguments, its loop compiled now, its blocks of channels split over the
+    kernel threads where the work pays for it
+    (:func:`asyncrt.ops._team_parts.shares`).
 
     :param begin: the pads before each spatial axis.
-    :param shares: the output rows each kernel thread computes.
     :param constant_weights: ``w``'s values stay as they are while the
         binding lives: its channels-last copy is made once.
     """
@@ -330,7 +326,8 @@ def bind(
     k_h, k_w = w.shape[2:]
     out_h, out_w = out.shape[2:]
     vector = lanes()
-    blocks = -(-channels // vector) * vector
+    block_count = -(-channels // vector)
+    blocks = block_count * vector
     padded = _pixel_stride(blocks)
     # Rows and columns as far as the last output's last tap reaches (or the
     # input's end, past it), the pads zero.
@@ -346,14 +343,13 @@ def bind(
     own_weights, own_bias = taps[:, :channels], shift[:channels]
     inside, after = split_activation(out, activation)
     kernel = _kernel((k_h, k_w, *strides, *dilations, vector), inside)
+    work = out.size * k_h * k_w
+    shares = _team_parts.shares(block_count, work, MIN_WORK_PER_THREAD)
     shapes = ((n, rows, columns, padded),)
     # Compiled now for arrays of the types a call borrows (their sizes do
     # not matter to the compiler).
     grid = np.empty((1, 1, 1, 1), np.float32)
-    _jit.specialise(kernel, (grid, taps, shift, out, 0, 1))
-    top, left = begin
-    to_pixels = _to_pixels(COPY_TILE)
-    _jit.specialise(to_pixels, (x, grid, top, left, blocks))
+    _jit.specialise(kernel, (x, grid, taps, shift, out, 0, 1, *begin))
     copyto = np.copyto
     borrowed = _scratch.Borrowed(shapes, _FLOAT32)
     views: list[Any] = [None, None]  # the scratch array, the loop bound to it
@@ -369,9 +365,10 @@ def bind(
         if views[0] is not pixels:  # bound again only if the scratch moved
             views[:] = [
                 pixels,
-                _jit.bind_parts(kernel, (pixels, taps, shift, out), shares),
+                _jit.bind_parts(
+                    kernel, (x, pixels, taps, shift, out), shares, trailing=begin
+                ),
             ]
-        to_pixels(x, pixels, top, left, blocks)
         compute = views[1]
         compute()
         if after is not None:

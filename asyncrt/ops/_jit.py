@@ -76,7 +76,9 @@ __all__ = (
 #: it for a process: numba is then never imported, which keeps its memory
 #: (about 140 MB of RSS once it has loaded LLVM) out of a serving process.
 enabled = os.environ.get("ASYNCRT_JIT", "1") != "0"
-_lock = threading.Lock()
+# (reentrant: a generated module may compile the kernels it calls as it is
+# imported, see asyncrt.ops._team_parts)
+_lock = threading.RLock()
 
 
 @functools.cache
@@ -183,6 +185,11 @@ def bind_parts(
         specialise(kernel, call)
         return functools.partial(kernel, *call)
     specialise(kernel, (*args(0), 0, 1, *trailing))
+    from . import _team_parts  # (imports numba's pieces: only once kernels compile)
+
+    on_team = _team_parts.bind(kernel, arrays, shares, per_part, trailing)
+    if on_team is not None:
+        return on_team
     return functools.partial(
         _threads.run_parts,
         [

@@ -27,8 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..runtime import _threads
-from . import _dwvector, _jit, _jitmath
+from . import _dwvector, _jit, _jitmath, _team_parts
 from ._common import Array
 from ._vector_ir import compile_vectors
 
@@ -210,5 +209,5 @@ def bind(
         factors[...] = scale
     loop = _kernel((*kernel, *strides, _dwvector.lanes()), reduce)
     work = out.size * kernel[0] * kernel[1]
-    shares = _threads.shares(n * c, work // MIN_WORK_PER_THREAD)
+    shares = _team_parts.shares(n * c, work, MIN_WORK_PER_THREAD)
     return _jit.bind_parts(loop, (planes, factors, pooled), shares, trailing=begin)

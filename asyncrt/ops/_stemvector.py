@@ -31,8 +31,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..runtime import _threads
-from . import _dwvector, _jit
+from . import _dwvector, _jit, _team_parts
 from ._common import Array
 from ._conv_epilogue import ACTIVATIONS, split_activation
 from ._vector_ir import compile_vectors
@@ -261,7 +260,7 @@ def bind(
     inside, after = split_activation(out, activation)
     loop = _kernel((cin, k_h, k_w, *strides, *dilations, lanes), inside)
     work = out.size * cin * k_h * k_w
-    shares = _threads.shares(out_h, work // MIN_WORK_PER_THREAD)
+    shares = _team_parts.shares(out_h, work, MIN_WORK_PER_THREAD)
     compute = _jit.bind_parts(loop, (x, taps, shift, out), shares, trailing=begin)
     copyto = np.copyto
     if constant_weights:

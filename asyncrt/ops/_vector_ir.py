@@ -167,10 +167,11 @@ PREAMBLE = PREAMBLE.replace("{sixth}", repr(float(np.float32(1 / 6))))
 #: needs: ``team_kernel``, its decorator (a ``cfunc`` taking one pointer,
 #: cached), and intrinsics over its argument, which points to int64
 #: slots: ``slots_(data)`` (the pointer as int64 slots; with
-#: ``numba.carray``, an array of them), ``floats_(address)`` and
-#: ``ints_(address)`` (a slot holding an address, as a float32 or int64
-#: pointer for ``numba.carray``) and ``claim_(data)`` (slot 0 plus one,
-#: atomically: the old value, the next part to take).
+#: ``numba.carray``, an array of them), ``floats_(address)``,
+#: ``doubles_(address)`` and ``ints_(address)`` (a slot holding an address,
+#: as a float32, float64 or int64 pointer for ``numba.carray``) and
+#: ``claim_(data)`` (slot 0 plus one, atomically: the old value, the next
+#: part to take).
 CLAIMS = """
 team_kernel = numba.cfunc(
     types.void(types.voidptr),
@@ -196,6 +197,7 @@ def _address_as(numba_type, llvm_type):
 
 ints_ = _address_as(types.int64, ir.IntType(64))
 floats_ = _address_as(types.float32, ir.FloatType())
+doubles_ = _address_as(types.float64, ir.DoubleType())
 
 
 @intrinsic

@@ -10,36 +10,41 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt.ops import _dwvector, _scratch
+from asyncrt.ops import _dwvector, _scratch, _team_parts
+from asyncrt.runtime import _threads
 
 from .conv_reference import activate, conv_reference
 
 pytest.importorskip("numba")
 
 
-@pytest.mark.parametrize("tile", [8, 16])
+@pytest.mark.parametrize("lanes", [8, 16])
 @pytest.mark.parametrize(
-    ("shape", "top", "left", "blocks", "stride"),
+    ("shape", "top", "left", "stride"),
     [
-        ((1, 24, 14, 14), 2, 2, 32, 48),  # cells past the last whole tile
-        ((2, 17, 7, 7), 1, 2, 32, 32),  # a batch, a channel tail
-        ((1, 16, 4, 4), 0, 0, 16, 16),  # no pads, whole tiles
-        ((1, 3, 3, 5), 2, 0, 16, 16),  # fewer cells than a tile
+        ((1, 24, 14, 14), 2, 2, 48),  # cells past the last whole tile
+        ((2, 17, 7, 7), 1, 2, 32),  # a batch, a channel tail
+        ((1, 16, 4, 4), 0, 0, 16),  # no pads, whole tiles
+        ((1, 3, 3, 5), 2, 0, 16),  # fewer cells than a tile
     ],
 )
 def test_the_layout_copy_is_exact_and_zeroes_the_pads(
-    tile: int,
+    lanes: int,
     shape: tuple[int, ...],
     top: int,
     left: int,
-    blocks: int,
     stride: int,
 ) -> None:
-    to_pixels = _dwvector._to_pixels(tile)
+    # the kernel copies each block of channels into the scratch before its
+    # sums (a 1 x 1 kernel here: the copy is what is checked)
     n, c, h, w = shape
+    blocks = -(-c // lanes) * lanes
+    kernel = _dwvector._kernel((1, 1, 1, 1, 1, 1, lanes), "none")
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     pixels = np.full((n, top + h + 2, left + w + 1, stride), np.nan, np.float32)
-    to_pixels(x, pixels, top, left, blocks)
+    taps, bias = np.ones((1, blocks), np.float32), np.zeros(blocks, np.float32)
+    out = np.empty((n, c, top + h + 2, left + w + 1), np.float32)
+    kernel(x, pixels, taps, bias, out, 0, blocks // lanes, top, left)
     interior = pixels[:, top : top + h, left : left + w]
     np.testing.assert_array_equal(interior[..., :c], x.transpose(0, 2, 3, 1))
     # the channels up to the blocks repeat the last (finite, their sums dropped)
@@ -51,6 +56,7 @@ def test_the_layout_copy_is_exact_and_zeroes_the_pads(
     border[:, top : top + h, left : left + w] = False
     assert np.all(pixels[border][:, :blocks] == 0)
     assert np.isnan(pixels[..., blocks:]).all()  # past the blocks: not touched
+    np.testing.assert_array_equal(out, pixels[..., :c].transpose(0, 3, 1, 2))
 
 
 def _reference(
@@ -68,6 +74,7 @@ def _reference(
 
 # Each geometry with one activation (every activation and geometry
 # compiles a loop of its own: about half a second each on a cold cache).
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("lanes", [8, 16])
 @pytest.mark.parametrize(
     ("shape", "kernel", "strides", "pads", "dilations", "activation"),
@@ -80,6 +87,7 @@ def _reference(
 )
 def test_the_vector_sums_match_the_reference_at_both_widths(
     monkeypatch: pytest.MonkeyPatch,
+    split: bool,
     lanes: int,
     activation: str,
     shape: tuple[int, ...],
@@ -89,6 +97,11 @@ def test_the_vector_sums_match_the_reference_at_both_widths(
     dilations: list[int],
 ) -> None:
     monkeypatch.setattr(_dwvector, "lanes", lambda: lanes)
+    if split:  # blocks of channels shared out, on the native team where it runs
+        monkeypatch.setattr(_team_parts, "MIN_TEAM_WORK", 1)
+        monkeypatch.setattr(_dwvector, "MIN_WORK_PER_THREAD", 1)
+        monkeypatch.setattr(_threads.limits, "compiled_threads", 3)
+        monkeypatch.setattr(_threads.limits, "threads", 3)
     rng = np.random.default_rng(2)
     x = (rng.standard_normal(shape) * 4).astype(np.float32)
     w = rng.standard_normal((shape[1], 1, *kernel)).astype(np.float32)
@@ -103,7 +116,6 @@ def test_the_vector_sums_match_the_reference_at_both_widths(
         tuple(strides),
         tuple(pads[:2]),
         tuple(dilations),
-        [(0, out.shape[2])],
         activation=activation,
     )
     call()
@@ -121,7 +133,7 @@ def test_a_call_after_other_kernels_wrote_the_scratch_is_still_right() -> None:
     want = _reference(x, w, None, [1, 1], [2, 2, 2, 2], [1, 1], "none")
     out = np.empty(want.shape, np.float32)
     call = _dwvector.bind(
-        x, w, None, out, (1, 1), (2, 2), (1, 1), [(0, 7)], constant_weights=True
+        x, w, None, out, (1, 1), (2, 2), (1, 1), constant_weights=True
     )
     call()
     # another kernel on this thread borrows the scratch, and leaves NaN in it
@@ -138,7 +150,7 @@ def test_non_finite_inputs_reach_only_the_outputs_they_feed() -> None:
     x[0, 9, 0, 0] = np.nan
     w = np.ones((16, 1, 3, 3), np.float32)
     out = np.empty((1, 16, 7, 7), np.float32)
-    _dwvector.bind(x, w, None, out, (1, 1), (1, 1), (1, 1), [(0, 7)])()
+    _dwvector.bind(x, w, None, out, (1, 1), (1, 1), (1, 1))()
     assert np.isposinf(out[0, 3, 2:5, 2:5]).all()
     assert np.isnan(out[0, 9, :2, :2]).all()
     finite = np.ones(out.shape, bool)
@@ -158,5 +170,5 @@ def test_an_unknown_activation_is_refused() -> None:
     w = np.zeros((16, 1, 3, 3), np.float32)
     with pytest.raises(ValueError, match="swish2"):
         _dwvector.bind(
-            x, w, None, x.copy(), (1, 1), (1, 1), (1, 1), [(0, 4)], activation="swish2"
+            x, w, None, x.copy(), (1, 1), (1, 1), (1, 1), activation="swish2"
         )

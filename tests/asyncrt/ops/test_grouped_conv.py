@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt.ops import _depthwise
+from asyncrt.ops import _depthwise, _team_parts
 from asyncrt.runtime import _threads
 
 from .conv_reference import conv_kernel, conv_reference
@@ -63,9 +63,13 @@ def test_grouped_convolutions_match_the_reference(
     bound: bool,
     threads: bool,
 ) -> None:
-    if threads:
+    if threads:  # on the native team where it runs here, else the part pool
         monkeypatch.setattr(_depthwise, "MIN_WORK_PER_THREAD", 1)
+        monkeypatch.setattr(_team_parts, "MIN_TEAM_WORK", 1)
         monkeypatch.setattr(_threads.limits, "compiled_threads", 3)
+        monkeypatch.setattr(_threads, "available_cores", lambda: 3)
+    else:
+        monkeypatch.setattr(_team_parts, "MIN_TEAM_WORK", float("inf"))
     rng = np.random.default_rng(len(xs) + group)
     x = rng.standard_normal(xs).astype(dtype)
     w = rng.standard_normal(ws).astype(dtype)
@@ -77,7 +81,8 @@ def test_grouped_convolutions_match_the_reference(
     out = np.full(want.shape, np.nan, dtype)
     assert _depthwise.groups(np, x, w, out, group)
     # parts split at output channels, a group's between two parts too
-    assert len(_depthwise._shares(out, w, ws[0])) == (min(3, ws[0]) if threads else 1)
+    shares = _depthwise._shares(out, w, ws[0], 1)
+    assert len(shares) == (min(3, ws[0]) if threads else 1)
     kernel = _kernel(w, group, strides, pads, dilations, relu)
     if bound:
         call = kernel.bind(x, w, b, out)
