@@ -40,6 +40,7 @@ from . import (
     _jitfuse,
     _panel_gemm,
     _team_blas,
+    _team_parts,
 )
 from ._common import in_turn, quiet
 from ._kernels import Bindable, FlopsFunction
@@ -331,19 +332,25 @@ def bind_softmax_last_axis(
     threads where there are enough of them."""
     width = a.shape[-1]
     flat, rows = a.reshape(-1, width), out.reshape(-1, width)
-    shares = _threads.shares(flat.shape[0], a.size // SOFTMAX_SPLIT_ELEMENTS)
     if (
         a.dtype == out.dtype == np.float32
         and a.flags.c_contiguous
         and out.flags.c_contiguous
         and _jit.available()
     ):
+        shares = _team_parts.shares(
+            flat.shape[0],
+            a.size,
+            SOFTMAX_SPLIT_ELEMENTS,
+            min_team_work=_team_parts.MIN_TEAM_ELEMENTS,
+        )
         if flat.ctypes.data == rows.ctypes.data:  # in place (C-contiguous both)
             kernel = _epijit.loop("softmax_rows_in_place")
             return _jit.bind_parts(kernel, (rows,), shares)
         kernel = _epijit.loop("softmax_rows")
         return _jit.bind_parts(kernel, (flat, rows), shares)
     step = max(1, SOFTMAX_BLOCK // width)
+    shares = _threads.shares(flat.shape[0], a.size // SOFTMAX_SPLIT_ELEMENTS)
     parts = [_softmax_row_blocks(flat[i:j], rows[i:j], step) for i, j in shares]
     if len(parts) == 1:
         return parts[0]

@@ -152,10 +152,18 @@ def bind_rows(
     """``kernel(*arrays, first, last)`` over rows ``0:rows`` as a call
     without arguments: compiled for these arrays now (see
     :func:`specialise`), and split over the kernel threads (see
-    :func:`bind_parts`) where each gets at least ``min_elements`` elements
-    of ``row_size`` per row (0: a row each)."""
-    enough = rows * row_size // min_elements if min_elements else rows
-    return bind_parts(kernel, arrays, _threads.shares(rows, enough))
+    :func:`bind_parts`): on the native team from
+    :data:`asyncrt.ops._team_parts.MIN_TEAM_ELEMENTS` elements (of ``row_size``
+    a row), else where each part-pool thread gets at least ``min_elements``
+    (0: a row each)."""
+    from . import _team_parts
+
+    if not min_elements:
+        return bind_parts(kernel, arrays, _threads.shares(rows, rows))
+    work = rows * row_size
+    least = _team_parts.MIN_TEAM_ELEMENTS
+    shares = _team_parts.shares(rows, work, min_elements, min_team_work=least)
+    return bind_parts(kernel, arrays, shares)
 
 
 def bind_parts(
@@ -190,13 +198,19 @@ def bind_parts(
     on_team = _team_parts.bind(kernel, arrays, shares, per_part, trailing)
     if on_team is not None:
         return on_team
-    return functools.partial(
-        _threads.run_parts,
-        [
-            functools.partial(kernel, *args(p), first, last, *trailing)
-            for p, (first, last) in enumerate(shares)
-        ],
-    )
+    parts = [
+        functools.partial(kernel, *args(p), first, last, *trailing)
+        for p, (first, last) in enumerate(shares)
+    ]
+    if len(parts) <= _threads.available_cores():
+        return functools.partial(_threads.run_parts, parts)
+
+    def in_shares() -> None:
+        # more shares than cores (cut for the team): as many pool threads
+        # as the kernel threads, taking shares in turn
+        _threads.run_parts(parts, _threads.limits.compiled_threads)
+
+    return in_shares
 
 
 #: Where generated kernel sources (and, beside them, numba's cache of their

@@ -12,10 +12,10 @@ slots), and every thread of the launch takes shares from an atomic counter
 and calls the kernel for each, the GIL released.
 
 It applies where every array is a C-contiguous numpy array of a dtype the
-slots can point to and every trailing argument an integer; anything else
-keeps the part pool. The kernel runs unchanged (its machine code
-specialised for these types inside the ``cfunc``), so results are those of
-the part pool's calls, bit for bit.
+slots can point to and every other argument an integer or a float (passed
+as int64 and float64); anything else keeps the part pool. The kernel runs
+unchanged (its machine code specialised for these types inside the
+``cfunc``), so results are those of the part pool's calls, bit for bit.
 """
 
 from __future__ import annotations
@@ -34,7 +34,14 @@ from ..runtime import _native_team, _threads
 from . import _jit
 from ._vector_ir import CLAIMS, PREAMBLE
 
-__all__ = ("MIN_TEAM_WORK", "SHARES_PER_THREAD", "bind", "kernel_of", "shares")
+__all__ = (
+    "MIN_TEAM_ELEMENTS",
+    "MIN_TEAM_WORK",
+    "SHARES_PER_THREAD",
+    "bind",
+    "kernel_of",
+    "shares",
+)
 
 #: The slot intrinsic that points at an array of each dtype (CLAIMS').
 _POINTERS = {
@@ -42,9 +49,15 @@ _POINTERS = {
     np.dtype(np.float64): "doubles_",
     np.dtype(np.int64): "ints_",
 }
-#: Work (multiply-adds, cells) a kernel has at least before it is split
-#: over the team: a few microseconds on one thread, a launch costing 2.5.
+#: Work (multiply-adds, window cells) a kernel has at least before it is
+#: split over the team: a few microseconds on one thread, a launch costing
+#: 2.5.
 MIN_TEAM_WORK = 100_000
+#: Elements a pass over rows (a norm, a softmax, an epilogue) has at least
+#: before it is split over the team. One thread against two on the 2-core
+#: VM: a layer norm of 128 x 384 24 -> 18 us, a softmax of 1536 x 64 53 ->
+#: 42, of 4800 x 100 301 -> 200, a layer norm of 400 x 768 148 -> 82.
+MIN_TEAM_ELEMENTS = 32_768
 #: Shares a kernel thread takes at most, one at a time, on the team: a
 #: thread that the machine runs late leaves the rest of its work to the
 #: others (a thread's shares cost an atomic add each).
@@ -58,18 +71,24 @@ def shares(
     work: float,
     min_pool_work: float,
     *,
+    min_team_work: float | None = None,
     per_thread: int = SHARES_PER_THREAD,
 ) -> list[tuple[int, int]]:
     """``range(extent)`` cut into shares for :func:`asyncrt.ops._jit.bind_parts`:
     on the native team (where it runs here) once the ``work`` is
-    :data:`MIN_TEAM_WORK` or more, up to ``per_thread`` a core
-    (one where each share repeats some work); else one per kernel thread
-    the work pays for on the part pool, ``min_pool_work`` each (see
-    :func:`asyncrt.runtime._threads.shares`)."""
+    ``min_team_work`` or more, up to ``per_thread`` a core; else one per
+    kernel thread the work pays for on the part pool, ``min_pool_work``
+    each (see :func:`asyncrt.runtime._threads.shares`).
+
+    :param min_team_work: the team's threshold; default
+        :data:`MIN_TEAM_WORK` (read at each call).
+    :param per_thread: shares a core at most on the team (one where each
+        share repeats some work)."""
     # (cut for every core: a binding outlives the thread limits of now;
     # each call takes as many threads as the limits give it then)
     cores = _threads.available_cores()
-    if cores > 1 and work >= MIN_TEAM_WORK and _native_team.teams_available():
+    least = MIN_TEAM_WORK if min_team_work is None else min_team_work
+    if cores > 1 and work >= least and _native_team.teams_available():
         count = max(1, min(extent, per_thread * cores))
         return [(extent * i // count, extent * (i + 1) // count) for i in range(count)]
     return _threads.shares(extent, int(work // min_pool_work))
@@ -92,13 +111,20 @@ def _source_digest(module: str) -> str:
     return hashlib.sha256(text).hexdigest()[:20]
 
 
+#: How an argument travels in the slots: ``("array", intrinsic, ndim,
+#: per_part)`` (its address, then its shape), ``("int",)`` (its value) or
+#: ``("float",)`` (its place among the floats, whose address follows).
+Arg = tuple[Any, ...]
+
+
 def _wrapper_source(
-    module: str, name: str, arrays: Sequence[tuple[str, int, bool]], trailing: int
+    module: str, name: str, leading: tuple[Arg, ...], trailing: tuple[Arg, ...]
 ) -> str:
-    """The ``claimed(data)`` cfunc for ``kernel_of(module, name)`` over
-    arrays ``(pointer intrinsic, ndim, per part)`` and ``trailing`` integer
-    arguments (slot layout: :func:`_slots`)."""
-    count = _slot_count(arrays, trailing)
+    """The ``claimed(data)`` cfunc for ``kernel_of(module, name)`` called as
+    ``kernel(*leading, first, last, *trailing)``. Slots: the header, each
+    argument's (:data:`Arg`), the address of the floats, then each share's
+    bounds."""
+    count = _slot_count((*leading, *trailing))
     lines = [
         f"# kernel {module}.{name}, source {_source_digest(module)}",
         "from asyncrt.ops._team_parts import kernel_of",
@@ -109,17 +135,27 @@ def _wrapper_source(
         "def claimed(data):",
         "    shares = slots_(data)[1]",
         f"    d = numba.carray(slots_(data), {count} + 2 * shares)",
+        f"    floats = numba.carray(doubles_(d[{count - 1}]), {count})",
     ]
-    slot = _HEADER
-    names = []
-    for index, (pointer, ndim, per_part) in enumerate(arrays):
-        shape = ", ".join(f"d[{slot + 1 + axis}]" for axis in range(ndim))
-        lines.append(f"    a{index} = numba.carray({pointer}(d[{slot}]), ({shape},))")
-        names.append(f"a{index}[p]" if per_part else f"a{index}")
-        slot += 1 + ndim
-    table = slot + trailing
-    extra = [f"d[{slot + i}]" for i in range(trailing)]
-    call = ", ".join([*names, f"d[{table} + 2 * p]", f"d[{table} + 2 * p + 1]", *extra])
+    slot, floats, values = _HEADER, 0, []
+    for index, arg in enumerate((*leading, *trailing)):
+        if arg[0] == "array":
+            _, intrinsic, ndim, per_part = arg
+            shape = ", ".join(f"d[{slot + 1 + axis}]" for axis in range(ndim))
+            lines.append(
+                f"    a{index} = numba.carray({intrinsic}(d[{slot}]), ({shape},))"
+            )
+            values.append(f"a{index}[p]" if per_part else f"a{index}")
+            slot += 1 + ndim
+        elif arg[0] == "int":
+            values.append(f"d[{slot}]")
+            slot += 1
+        else:
+            values.append(f"floats[{floats}]")
+            floats += 1
+            slot += 1
+    bounds = [f"d[{count} + 2 * p]", f"d[{count} + 2 * p + 1]"]
+    call = ", ".join([*values[: len(leading)], *bounds, *values[len(leading) :]])
     lines += [
         "    while True:",
         "        p = claim_(data)",
@@ -130,21 +166,41 @@ def _wrapper_source(
     return PREAMBLE + CLAIMS + "\n".join(lines) + "\n"
 
 
-def _slot_count(arrays: Sequence[tuple[str, int, bool]], trailing: int) -> int:
+def _slot_count(args: Sequence[Arg]) -> int:
     """Slots before the share table (whose length varies)."""
-    return _HEADER + sum(1 + ndim for _, ndim, _ in arrays) + trailing
+    return _HEADER + sum(1 + arg[2] if arg[0] == "array" else 1 for arg in args) + 1
 
 
 @functools.cache
 def _wrapper_address(
-    module: str, name: str, arrays: tuple[tuple[str, int, bool], ...], trailing: int
+    module: str, name: str, leading: tuple[Arg, ...], trailing: tuple[Arg, ...]
 ) -> int:
     """The address of the compiled ``claimed`` cfunc (or loaded from numba's
     disk cache)."""
-    text = _wrapper_source(module, name, arrays, trailing)
+    text = _wrapper_source(module, name, leading, trailing)
     digest = hashlib.sha256(text.encode()).hexdigest()[:20]
     wrapper: Any = _jit.compile_source(f"asyncrt_team_parts_{digest}", text, "claimed")
     return int(wrapper.address)
+
+
+def _describe(value: Any, per_part: bool, shares: int) -> Arg | None:
+    """How ``value`` travels in the slots (:data:`Arg`), or ``None`` where
+    it cannot (the part pool then passes it)."""
+    if isinstance(value, np.ndarray):
+        intrinsic = _POINTERS.get(value.dtype)
+        if (
+            intrinsic is None
+            or not value.flags.c_contiguous
+            or value.ndim == 0
+            or (per_part and value.shape[0] < shares)
+        ):
+            return None
+        return ("array", intrinsic, value.ndim, per_part)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return ("int",)
+    if isinstance(value, (float, np.floating)):
+        return ("float",)
+    return None
 
 
 def bind(
@@ -166,33 +222,37 @@ def bind(
     py_func = getattr(kernel, "py_func", None)
     if py_func is None:
         return None
-    described = []
-    for index, array in enumerate(arrays):
-        intrinsic = _POINTERS.get(getattr(array, "dtype", None))
-        if (
-            not isinstance(array, np.ndarray)
-            or intrinsic is None
-            or not array.flags.c_contiguous
-            or array.ndim == 0
-            or (index in per_part and array.shape[0] < len(shares))
-        ):
-            return None
-        described.append((intrinsic, array.ndim, index in per_part))
-    if not all(
-        isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in trailing
-    ):
+    leading = [_describe(v, i in per_part, len(shares)) for i, v in enumerate(arrays)]
+    following = [_describe(v, False, len(shares)) for v in trailing]
+    described = (*leading, *following)
+    if not all(described):
         return None
     wrapper = _wrapper_address(
-        py_func.__module__, py_func.__name__, tuple(described), len(trailing)
+        py_func.__module__,
+        py_func.__name__,
+        tuple(leading),
+        tuple(following),
+    )
+    values = (*arrays, *trailing)
+    floats = np.array(
+        [
+            float(v)
+            for v, arg in zip(values, described, strict=True)
+            if arg == ("float",)
+        ]
+        or [0.0]
     )
     slots = [0, len(shares)]
-    for array in arrays:
-        slots += [array.ctypes.data, *array.shape]
-    slots += [int(v) for v in trailing]
+    for value, arg in zip(values, described, strict=True):
+        if arg[0] == "array":  # type: ignore[index]
+            slots += [value.ctypes.data, *value.shape]
+        else:
+            slots.append(int(value) if arg[0] == "int" else 0)  # type: ignore[index]
+    slots.append(floats.ctypes.data)
     for first, last in shares:
         slots += [first, last]
     data = np.array(slots, np.int64)
-    held = (data, arrays)  # (the addresses in data stay valid)
+    held = (data, arrays, floats)  # (the addresses in data stay valid)
     run = _native_team.launcher(wrapper)
     _native_team.use()
     address = data.ctypes.data

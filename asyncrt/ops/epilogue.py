@@ -58,8 +58,7 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
-from ..runtime import _threads
-from . import _epijit, _jit, _panel_gemm, _team_blas
+from . import _epijit, _jit, _panel_gemm, _team_blas, _team_parts
 from ._builtin import SOFTMAX_SPLIT_ELEMENTS, bind_matmul
 from ._common import BOUND_SCRATCH_BYTES, Array, choice, flag, integer, number
 from ._kernels import Bindable
@@ -286,7 +285,12 @@ def _bind_softmax_rows(
     over ``out``'s rows, split over the kernel threads as the softmax is."""
     width = out.shape[-1]
     rows = out.size // width
-    shares = _threads.shares(rows, out.size // SOFTMAX_SPLIT_ELEMENTS)
+    shares = _team_parts.shares(
+        rows,
+        out.size,
+        SOFTMAX_SPLIT_ELEMENTS,
+        min_team_work=_team_parts.MIN_TEAM_ELEMENTS,
+    )
     arrays = (*operands, out.reshape(rows, width), *flags)
     return _jit.bind_parts(_epijit.loop(name), arrays, shares)
 

@@ -54,9 +54,10 @@ needs_team = pytest.mark.skipif(
 
 
 @needs_team
+@pytest.mark.parametrize("scale", [3, 3.0])  # an int64 slot or a float64 one
 @pytest.mark.parametrize(("threads", "crowding"), [(2, 1), (1, 1), (3, 1), (2, 2)])
 def test_every_share_runs_once_with_its_scratch_row(
-    monkeypatch: pytest.MonkeyPatch, threads: int, crowding: int
+    monkeypatch: pytest.MonkeyPatch, threads: int, crowding: int, scale: float
 ) -> None:
     monkeypatch.setattr(_threads.limits, "threads", threads)
     monkeypatch.setattr(_threads.limits, "gemm_parts", crowding)  # >1: crowded
@@ -108,7 +109,7 @@ def test_what_the_slots_cannot_carry_stays_on_the_part_pool() -> None:
     cases = [
         ((x[:, ::2].copy(order="F"), hits, scratch, out[:, :3]), (1, 0)),  # layout
         ((x.astype(np.float16), hits, scratch, out), (1, 0)),  # dtype
-        ((x, hits, scratch, out), (1.5, 0)),  # a float argument
+        ((x, hits, scratch, out), (1, "0")),  # an argument of no slot kind
         ((x, hits, scratch[:2], out), (1, 0)),  # fewer scratch rows than shares
     ]
     for arrays, trailing in cases:
