@@ -66,6 +66,17 @@ def _ufunc(ufunc: str) -> KernelFactory:
     return lambda xp: getattr(xp, ufunc)
 
 
+def _binary(ufunc: str, operator: str) -> KernelFactory:
+    """A binary ufunc, compiled on numpy where one operand is a value per
+    slab (:func:`asyncrt.ops._jitbroadcast.compiled_slab_binary`)."""
+
+    def make(xp: ModuleType) -> Callable[..., None]:
+        func: Callable[..., None] = getattr(xp, ufunc)
+        return _jitbroadcast.compiled_slab_binary(operator, func) if xp is np else func
+
+    return make
+
+
 # A transcendental function's work per element, in the units of the host's
 # ``flops`` (float32 matmul throughput): numpy's float32 exp takes about as
 # long as 150 matmul FLOPs, log 175, tanh 250 (measured on AVX2 and AVX-512
@@ -106,6 +117,8 @@ def _numpy_only(label: str) -> FusionTemplate:
 
 _fusion: FusionTemplate | None
 _flops: FlopsFunction | None
+#: The binary ops compiled where an operand broadcasts a value per slab.
+_OPERATORS = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/"}
 
 # Ops that are a ufunc of the array namespace: name, ufunc, work, fusion.
 for _name, _func, _flops, _fusion in (
@@ -134,7 +147,9 @@ for _name, _func, _flops, _fusion in (
     # bias broadcast over the last axis
     ("bias_add", "add", None, _infix("bias_add", "+")),
 ):
-    builtin(_name, flops=_flops, fusion=_fusion)(_ufunc(_func))
+    operator = _OPERATORS.get(_name)
+    factory = _ufunc(_func) if operator is None else _binary(_func, operator)
+    builtin(_name, flops=_flops, fusion=_fusion)(factory)
 
 
 def _keyword_out(ufunc: str) -> KernelFactory:
