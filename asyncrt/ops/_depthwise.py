@@ -341,6 +341,9 @@ MAX_GROUP_OUTPUTS = 8
 #: its copies cost more than the GEMM. One thread, against the GEMM on
 #: two: 3 -> 16 channels, 224 x 224 at stride 2, 313 -> 257 us; 8 -> 16 of
 #: 56 x 56 at stride 1, 172 -> 132 us; but 3 -> 32 at 224 x 224 403 -> 477.
+#: A 1 x 1 kernel of one group is a plain GEMM: the packed one
+#: (:mod:`asyncrt.ops._panel_conv`) wins (2 threads: 16 -> 16 channels of
+#: 56 x 56 11 against 24 us, 16 -> 24 of 28 x 28 7 against 12).
 MAX_STEM_OUTPUTS = 16
 
 
@@ -349,10 +352,11 @@ def groups(xp: ModuleType, x: Array, w: Array, out: Array, group: int) -> bool:
     group with few inputs, compiles on the planar loop: as :func:`pools`
     for the arrays, with small groups (:data:`MAX_GROUP_TERMS` and
     :data:`MAX_GROUP_OUTPUTS`, or :data:`MAX_STEM_OUTPUTS` for one
-    group)."""
+    group, whose kernel is more than 1 x 1)."""
     outputs = MAX_GROUP_OUTPUTS if group > 1 else MAX_STEM_OUTPUTS
     return bool(
         w.ndim == 4
+        and (group > 1 or math.prod(w.shape[2:]) > 1)
         and w.dtype == x.dtype
         and w.flags.c_contiguous
         and math.prod(w.shape[1:]) <= MAX_GROUP_TERMS
