@@ -17,14 +17,15 @@ What the compiled kernels promise:
 * **numpy's error model**: a division by zero is inf or NaN, never an
   exception.
 * **No GIL**: a compiled call releases it, so kernels split their work
-  into parts (:func:`bind_parts`) over
-  :func:`asyncrt.runtime._threads.run_parts` (the fused kernels' pool,
-  sized by the host streams' share of the cores) that run truly in
-  parallel. Not on numba's own pool (``parallel=True``): its OpenMP
-  threads spin after each loop, and with OpenBLAS's threads spinning too
-  (numpy's BLAS) MobileNetV3 took 96 ms instead of 2.8 on the 2-core VM
-  (3.2 ms with ``OMP_WAIT_POLICY=passive``, where a hand-off costs 65 us
-  against this pool's 53).
+  into parts (:func:`bind_parts`) that run truly in parallel: on the
+  native team the products run on (:mod:`asyncrt.ops._team_parts`: a
+  launch costs 2.5 us), else over :func:`asyncrt.runtime._threads.run_parts`
+  (the part pool, sized by the host streams' share of the cores). Not on
+  numba's own pool (``parallel=True``): its layer compiles each loop's
+  callees again, and with OpenBLAS's threads spinning too (numpy's BLAS)
+  MobileNetV3 took 96 ms instead of 2.8 on the 2-core VM (3.2 ms with
+  ``OMP_WAIT_POLICY=passive``, where a hand-off costs 65 us against the
+  part pool's 53).
 * **Compiled once per machine**: ``cache=True`` keeps the machine code on
   disk (numba's cache: ``__pycache__`` beside the kernel's module, or
   ``NUMBA_CACHE_DIR``), so another process loads it instead of compiling.

@@ -33,7 +33,9 @@ on 2 cores: two parts right after a GEMM took 1.37x the time of one;
 MobileNetV3 (GEMMs between depthwise loops) ran 18% faster with its
 compiled kernels unsplit, GPT-2 (GEMMs between fused epilogues) the same.
 On 16 cores the split still pays (an encoder's softmax at batch 16: 2.9
--> 0.9 ms).
+-> 0.9 ms). Once BLAS is held to one thread and the products run on the
+native team (below), the compiled kernels' shares run on that team too
+(:mod:`asyncrt.ops._team_parts`), whose threads are the ones spinning.
 
 **Runs in flight.** ``"auto"`` shares the cores among the runs in flight:
 a run alone gets ``C // S`` threads per pool (one run's latency), and while
