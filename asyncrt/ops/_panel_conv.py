@@ -39,6 +39,7 @@ from ._panel_gemm import (
     BIAS_FLAG,
     COMMON_SOURCE,
     COMMON_VALUES,
+    HARD_SWISH_FLAG,
     MIN_PARALLEL_WORK,
     RELU_FLAG,
 )
@@ -305,6 +306,7 @@ def bind(
     *,
     bias: Array | None = None,
     relu: bool = False,
+    hard_swish: bool = False,
 ) -> Callable[[], None]:
     """``out[n] = w @ x[n]`` for every image ``n`` (:func:`takes` holds;
     ``w``'s values fixed for the binding's life: packed now), ``+ bias``
@@ -321,6 +323,7 @@ def bind(
     blocks = packed.shape[0]
     shift = _NO_BIAS if bias is None else bias
     flags = (0 if bias is None else BIAS_FLAG) | (RELU_FLAG if relu else 0)
+    flags |= HARD_SWISH_FLAG if hard_swish else 0
     x_steps, out_steps = (s // 4 for s in x.strides), (s // 4 for s in out.strides)
     x_image, x_row, _ = x_steps
     out_image, out_row, _ = out_steps

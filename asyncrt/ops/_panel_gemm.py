@@ -73,9 +73,11 @@ MAX_DEPTH = 4096
 MIN_PARALLEL_WORK = 500_000
 _LANES = 16
 _FLOAT32 = np.dtype(np.float32)
-#: The epilogue's flags (``COMMON_SOURCE``'s ``BIAS`` and ``RELU``): the
-#: bias added, then ReLU.
-BIAS_FLAG, RELU_FLAG = 1, 2
+#: The epilogue's flags (``COMMON_SOURCE``'s ``BIAS``, ``RELU`` and
+#: ``HARD_SWISH``): the bias added, then ReLU or hard-swish (the
+#: operations of :func:`asyncrt.ops._jitmath`'s ``hswish_``, in its order:
+#: the bits of the pass after the product).
+BIAS_FLAG, RELU_FLAG, HARD_SWISH_FLAG = 1, 2, 4
 #: The int64 slots of ``gemm_claimed``'s data: the next part, parts, m,
 #: depth, width, panels, flags, the addresses of a, panels, out and bias,
 #: the bias's length.
@@ -91,14 +93,25 @@ import functools
 
 {claims}
 
-BIAS, RELU = {bias}, {relu}  # the epilogue's flags
+BIAS, RELU, HARD_SWISH = {bias}, {relu}, {hard_swish}  # the epilogue's flags
+
+
+def _splat_like(v, value):
+    # value in every lane of v's type (or v's scalar type)
+    scalar = ir.Constant(ir.FloatType(), value)
+    if isinstance(v.type, ir.VectorType):
+        return ir.Constant(v.type, [scalar] * v.type.count)
+    return scalar
 
 
 def _finish(b, e, value, shift_of, flags):
     # value + shift_of() where flags has BIAS (the bias loaded there only),
-    # then max(value, 0) where it has RELU (NaN kept, as np.maximum)
+    # then max(value, 0) where it has RELU (NaN kept, as np.maximum), or
+    # hard-swish where it has HARD_SWISH: x * clip(x * SIXTH + 0.5, 0, 1),
+    # a product then a sum (no fused multiply-add), NaN kept, as hswish_
     biased = b.icmp_signed("!=", b.and_(flags, e.const(BIAS)), e.const(0))
     rectified = b.icmp_signed("!=", b.and_(flags, e.const(RELU)), e.const(0))
+    swished = b.icmp_signed("!=", b.and_(flags, e.const(HARD_SWISH)), e.const(0))
     slot = cgutils.alloca_once_value(b, value)
     with b.if_then(biased):
         b.store(b.fadd(b.load(slot), shift_of()), slot)
@@ -106,6 +119,13 @@ def _finish(b, e, value, shift_of, flags):
         v = b.load(slot)
         zero = ir.Constant(v.type, None)
         b.store(b.select(b.fcmp_ordered("<", v, zero), zero, v), slot)
+    with b.if_then(swished):
+        v = b.load(slot)
+        zero, one = _splat_like(v, 0.0), _splat_like(v, 1.0)
+        t = b.fadd(b.fmul(v, _splat_like(v, SIXTH)), _splat_like(v, 0.5))
+        t = b.select(b.fcmp_ordered("<", t, zero), zero, t)
+        t = b.select(b.fcmp_ordered(">", t, one), one, t)
+        b.store(b.fmul(v, t), slot)
     return b.load(slot)
 
 
@@ -296,6 +316,7 @@ COMMON_VALUES: dict[str, Any] = {
     "claims": CLAIMS,
     "bias": BIAS_FLAG,
     "relu": RELU_FLAG,
+    "hard_swish": HARD_SWISH_FLAG,
 }
 
 

@@ -304,13 +304,14 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         weights = w.reshape(k, c)
         if not _panel_conv.takes(weights, matrix, product, bias):
             return None
-        call = _panel_conv.bind(
-            weights, matrix, product, bias=bias, relu=activation == "relu"
+        return _panel_conv.bind(
+            weights,
+            matrix,
+            product,
+            bias=bias,
+            relu=activation == "relu",
+            hard_swish=activation == "hard_swish",
         )
-        if activation == "hard_swish":
-            after = _conv_epilogue.bind_bias_activation(xp, out, None, out, activation)
-            return functools.partial(_then, call, after)
-        return call
 
     # What Winograd's exact path computes before the activation it leaves
     # to a pass of its own (hard-swish) or applies itself (ReLU).

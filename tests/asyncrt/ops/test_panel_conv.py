@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 from asyncrt import graph_executor
 from asyncrt.frontend import from_onnx
 from asyncrt.ops import _jit, _panel_conv, _panel_gemm
+from asyncrt.ops._conv_epilogue import add_bias_activation
 from asyncrt.runtime import _threads
 
 pytestmark = pytest.mark.skipif(not _jit.available(), reason="numba not installed")
@@ -97,20 +98,40 @@ def test_chunks_of_wider_rows(monkeypatch: pytest.MonkeyPatch, threads: int) -> 
     assert np.isnan(planes[1, :, :40]).all() and np.isnan(planes[1, :, 110:]).all()
 
 
-@pytest.mark.parametrize(("bias", "relu"), [(True, False), (True, True), (False, True)])
-def test_the_epilogue_gives_the_passes_bits(bias: bool, relu: bool) -> None:
-    w, x = _f(20, 30), _f(2, 30, 70)
-    x[1, :, 5] = np.nan  # a position of NaN, kept by ReLU
+@pytest.mark.parametrize("positions", [70, 1])  # blocks of vectors; lone columns
+@pytest.mark.parametrize(
+    ("bias", "activation"),
+    [
+        (True, "none"),
+        (True, "relu"),
+        (False, "relu"),
+        (True, "hard_swish"),
+        (False, "hard_swish"),
+    ],
+)
+def test_the_epilogue_gives_the_passes_bits(
+    bias: bool, activation: str, positions: int
+) -> None:
+    w, x = _f(20, 30), _f(2, 30, positions) * 4  # past hard-swish's clamps too
+    x[1, :, positions // 2] = np.nan  # a position of NaN, kept by both
     shift = _f(20)
-    product = np.empty((2, 20, 70), np.float32)
+    product = np.empty((2, 20, positions), np.float32)
     _panel_conv.bind(w, x, product)()
     want = product + shift[None, :, None] if bias else product.copy()
-    if relu:
-        np.maximum(want, 0, out=want)
+    if activation != "none":  # the library's pass, as a convolution applies it
+        add_bias_activation(np, want[..., None], None, want[..., None], activation)
     out = np.full(product.shape, np.inf, np.float32)
-    _panel_conv.bind(w, x, out, bias=shift if bias else None, relu=relu)()
+    _panel_conv.bind(
+        w,
+        x,
+        out,
+        bias=shift if bias else None,
+        relu=activation == "relu",
+        hard_swish=activation == "hard_swish",
+    )()
     np.testing.assert_array_equal(out, want)
-    assert np.isnan(out[1, :, 5]).all()
+    assert np.isnan(out[1, :, positions // 2]).all()
+    assert (np.signbit(out) == np.signbit(want)).all()
 
 
 def test_what_it_takes() -> None:
