@@ -200,16 +200,30 @@ def bind_row_chunks(
 
         return grouped
 
+    finished = [True]  # whether every chunk's product adds bias and activation
+
     def product(image: int, top: int, count: int) -> Callable[[], None]:
-        """The chunk's GEMM into its run of the image's planes."""
+        """The chunk's GEMM into its run of the image's planes (the bias and
+        activation added as the packed kernel stores its blocks)."""
         span = count * out_w
         into = planes[image, :, top * out_w : top * out_w + span]
         matrix = cols[:, :span]
-        if constant_weights and _panel_conv.takes(weights, matrix[None], into[None]):
-            return _panel_conv.bind(weights, matrix[None], into[None])
+        if constant_weights and _panel_conv.takes(
+            weights, matrix[None], into[None], bias
+        ):
+            return _panel_conv.bind(
+                weights,
+                matrix[None],
+                into[None],
+                bias=bias,
+                relu=activation == "relu",
+                hard_swish=activation == "hard_swish",
+            )
+        finished[0] = False
         return functools.partial(matmul, weights, matrix, out=into)
 
     products = [[product(i, top, count) for top, count in chunks] for i in range(n)]
+    after = None if finished[0] else epilogue
 
     def row_chunks() -> None:
         for image, multiplies in enumerate(products):
@@ -217,6 +231,7 @@ def bind_row_chunks(
             for (top, count), multiply in zip(chunks, multiplies, strict=True):
                 gather(phases, cols, taps, top, count, out_w)
                 multiply()
-        epilogue()
+        if after is not None:
+            after()
 
     return row_chunks

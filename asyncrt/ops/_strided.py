@@ -187,15 +187,21 @@ def bind_strided(
             constant_weights
             and group == 1
             and xp is np
-            and _panel_conv.takes(weights[0], *flat)
+            and _panel_conv.takes(weights[0], *flat, bias)
         ):
-            multiply = _panel_conv.bind(weights[0], *flat)
+            # the bias and activation added as the blocks are stored
+            multiply = _panel_conv.bind(
+                weights[0],
+                *flat,
+                bias=bias,
+                relu=activation == "relu",
+                hard_swish=activation == "hard_swish",
+            )
 
             def packed() -> None:
                 for target, source in steps:
                     copyto(target, source)
                 multiply()
-                epilogue()
 
             return packed
 

@@ -38,10 +38,16 @@ def _activation(a: np.ndarray[Any, Any], activation: str) -> np.ndarray[Any, Any
     return a
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("one_row", [False, True])
 @pytest.mark.parametrize(
     ("dtype", "activation"),
-    [(np.float32, "none"), (np.float32, "hard_swish"), (np.float64, "relu")],
+    [
+        (np.float32, "none"),
+        (np.float32, "hard_swish"),
+        (np.float32, "relu"),
+        (np.float64, "relu"),
+    ],
 )
 @pytest.mark.parametrize(("xs", "ws", "strides", "pads", "dilations"), CASES)
 def test_row_chunks_match_the_reference(
@@ -54,6 +60,7 @@ def test_row_chunks_match_the_reference(
     dtype: Any,
     activation: str,
     one_row: bool,
+    packed: bool,
 ) -> None:
     if one_row:
         monkeypatch.setattr(_row_chunks, "CHUNK_BYTES", 1)
@@ -69,7 +76,9 @@ def test_row_chunks_match_the_reference(
     kernel = conv_kernel(
         list(ws[2:]), strides, pads, dilations, 1, bias=True, activation=activation
     )
-    call = kernel.bind(x, w, b, out)
+    # packed: the weights a parameter (float32: packed once, the bias and
+    # activation added as the packed kernel stores its blocks)
+    call = kernel.bind(x, w, b, out, constant=frozenset({1}) if packed else frozenset())
     call()
     x[...] = rng.standard_normal(xs)  # a binding reads its arrays anew
     want = _activation(conv_reference(x, w, b, 1, strides, pads, dilations), activation)

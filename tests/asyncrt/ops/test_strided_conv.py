@@ -60,6 +60,7 @@ def _conv(
     dilations: list[int],
     relu: bool,
     bound: bool,
+    packed: bool = False,
 ) -> None:
     kernel = conv_kernel(
         list(w.shape[2:]),
@@ -74,7 +75,10 @@ def _conv(
     out = np.full(want.shape, np.nan, x.dtype)
     args = (x, w, *(() if b is None else (b,)), out)
     if bound:
-        call = kernel.bind(*args)  # type: ignore[attr-defined]
+        # packed: the weights a parameter (packed once, the bias and ReLU
+        # added as the packed kernel stores its blocks)
+        constant = frozenset({1}) if packed else frozenset()
+        call = kernel.bind(*args, constant=constant)  # type: ignore[attr-defined]
         call()
         x[...] += 1  # a bound call sees its arrays' new values
         want = conv_reference(x, w, b, group, strides, pads, dilations)
@@ -89,7 +93,7 @@ def _conv(
 
 
 @pytest.mark.parametrize("scratch", ["kept", "per call"])
-@pytest.mark.parametrize("bound", [False, True])
+@pytest.mark.parametrize("bound", [False, True, "packed"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(
     ("xs", "ws", "group", "strides", "pads", "dilations", "bias", "relu"), CASES
@@ -105,7 +109,7 @@ def test_strided_conv_matches_theconv_reference(
     bias: bool,
     relu: bool,
     dtype: Any,
-    bound: bool,
+    bound: bool | str,
     scratch: str,
 ) -> None:
     if scratch == "per call":
@@ -114,7 +118,9 @@ def test_strided_conv_matches_theconv_reference(
     x = rng.standard_normal(xs).astype(dtype)
     w = rng.standard_normal(ws).astype(dtype)
     b = rng.standard_normal(ws[0]).astype(dtype) if bias else None
-    _conv(x, w, b, group, strides, pads, dilations, relu, bound)
+    _conv(
+        x, w, b, group, strides, pads, dilations, relu, bool(bound), bound == "packed"
+    )
 
 
 def test_a_non_finite_input_reaches_only_the_outputs_it_feeds() -> None:
