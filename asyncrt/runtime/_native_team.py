@@ -130,10 +130,15 @@ def launcher(address: int) -> Callable[..., None]:
     pointer).
     """
     alone = _WORK(address)
+    getpid = os.getpid
 
     def run(data: int, threads: int, crowded: bool = False) -> None:
         if threads <= 1:
             alone(data)
+        elif _launched_in == getpid() and not crowded:
+            # (the common case without the lookup's lock: a launch costs
+            # about 2.5 us, of which this saves a fifth)
+            _parallel(address, data, threads, 0)
         elif crowded:
             _part_pool.run([functools.partial(alone, data)] * threads, threads)
         elif teams_available():
