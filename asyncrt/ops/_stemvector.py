@@ -10,9 +10,9 @@ VM). Here the outputs of one pixel are one vector of
 vector over the outputs) stay in registers, and each output pixel is the
 bias plus, per tap, that vector times the tap's input value (broadcast),
 multiplied and added in one step where the CPU has FMA
-(``llvm.fmuladd``), then activated in the register (ReLU; hard-swish in a
-pass of its own after the loop: its constants would not fit beside the
-weights).
+(``llvm.fmuladd``), then activated in the register (ReLU; hard-swish over
+each share's rows once they are summed, while they are in the core's
+cache: its constants would not fit beside the weights).
 Interior pixels go a vector of them at a time: their vectors, transposed
 in registers, are runs of each output plane, stored straight into the
 NCHW output (no channels-last buffer, no copy). Pixels whose taps reach
@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import _dwvector, _jit, _team_parts
+from . import _dwvector, _jit, _jitmath, _team_parts
 from ._common import Array
 from ._conv_epilogue import ACTIVATIONS, split_activation
 from ._vector_ir import compile_vectors
@@ -49,9 +49,12 @@ MIN_PIXELS = 4096
 #: Multiply-adds each kernel thread gets at least before the rows are split.
 MIN_WORK_PER_THREAD = 2_000_000
 
-_SOURCE = """
+_SOURCE = (
+    "\n".join(_jitmath.head()[1:])
+    + """
 CIN, KH, KW, SH, SW, DH, DW, LANES = {geometry}
 ACTIVATION = "{activation}"
+AFTER = "{after}"  # hard-swish over each share's rows once they are summed
 
 
 class _Stem:
@@ -189,19 +192,29 @@ def kernel(x, w, bias, out, first, last, top, left):
                 stem_block_(x, w, bias, out, n, i, j, j + LANES, top, left)
                 j += LANES
             stem_pixels_(x, w, bias, out, n, i, j, out_w, top, left)
+        if AFTER == "hard_swish":  # (the rows still in this core's cache)
+            for m in range(out.shape[1]):
+                for i in range(first, last):
+                    for j in range(out_w):
+                        out[n, m, i, j] = hswish_(out[n, m, i, j])
 """
+)
 
 
 @functools.cache
-def _kernel(geometry: tuple[int, ...], activation: str) -> Callable[..., None]:
-    """The loop for ``(CIN, KH, KW, SH, SW, DH, DW, LANES)`` and
-    ``activation``, compiled (or loaded from numba's disk cache)."""
+def _kernel(
+    geometry: tuple[int, ...], activation: str, after: str = "none"
+) -> Callable[..., None]:
+    """The loop for ``(CIN, KH, KW, SH, SW, DH, DW, LANES)``, ``activation``
+    (in the registers) and ``after`` (``"hard_swish"``: over the rows once
+    summed), compiled (or loaded from numba's disk cache)."""
     return compile_vectors(
         "asyncrt_stemvector",
         _SOURCE,
         "kernel",
         geometry=geometry,
         activation=activation,
+        after=after,
     )
 
 
@@ -257,8 +270,11 @@ def bind(
     own_weights, own_bias = taps[:, :outputs], shift[:outputs]
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
+    # hard-swish is not applied in the registers (split_activation) but by
+    # the loop over each share's rows once summed: the pass's bits
     inside, after = split_activation(out, activation)
-    loop = _kernel((cin, k_h, k_w, *strides, *dilations, lanes), inside)
+    rows_after = "none" if after is None else activation
+    loop = _kernel((cin, k_h, k_w, *strides, *dilations, lanes), inside, rows_after)
     work = out.size * cin * k_h * k_w
     shares = _team_parts.shares(out_h, work, MIN_WORK_PER_THREAD)
     compute = _jit.bind_parts(loop, (x, taps, shift, out), shares, trailing=begin)
@@ -272,7 +288,5 @@ def bind(
         if bias is not None:
             copyto(own_bias, bias)
         compute()
-        if after is not None:
-            after()
 
     return stem

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from asyncrt.ops import _dwvector, _scratch, _team_parts
+from asyncrt.ops._conv_epilogue import add_bias_activation
 from asyncrt.runtime import _threads
 
 from .conv_reference import activate, conv_reference
@@ -124,6 +125,28 @@ def test_the_vector_sums_match_the_reference_at_both_widths(
     call()
     want = _reference(x, w, b, strides, pads, dilations, activation)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_hard_swish_over_the_planes_is_the_pass_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch, split: bool
+) -> None:
+    if split:  # blocks of channels shared out
+        monkeypatch.setattr(_team_parts, "MIN_TEAM_WORK", 1)
+        monkeypatch.setattr(_dwvector, "MIN_WORK_PER_THREAD", 1)
+        monkeypatch.setattr(_threads.limits, "compiled_threads", 3)
+        monkeypatch.setattr(_threads.limits, "threads", 3)
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((2, 40, 9, 9)) * 3).astype(np.float32)
+    x[0, 7, 4, 4] = np.nan
+    w = rng.standard_normal((40, 1, 5, 5)).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    want = np.empty((2, 40, 9, 9), np.float32)
+    _dwvector.bind(x, w, b, want, (1, 1), (2, 2), (1, 1))()
+    add_bias_activation(np, want, None, want, "hard_swish")  # the library's pass
+    out = np.full(want.shape, np.inf, np.float32)
+    _dwvector.bind(x, w, b, out, (1, 1), (2, 2), (1, 1), activation="hard_swish")()
+    np.testing.assert_array_equal(out, want)
 
 
 def test_a_call_after_other_kernels_wrote_the_scratch_is_still_right() -> None:
