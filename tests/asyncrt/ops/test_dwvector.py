@@ -10,11 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt.ops import _dwvector, _scratch, _team_parts
-from asyncrt.ops._conv_epilogue import add_bias_activation
-from asyncrt.runtime import _threads
+from asyncrt.ops import _dwvector, _scratch
 
 from .conv_reference import activate, conv_reference
+from .team_split import assert_activation_is_the_pass, split_everywhere
 
 pytest.importorskip("numba")
 
@@ -99,10 +98,7 @@ def test_the_vector_sums_match_the_reference_at_both_widths(
 ) -> None:
     monkeypatch.setattr(_dwvector, "lanes", lambda: lanes)
     if split:  # blocks of channels shared out, on the native team where it runs
-        monkeypatch.setattr(_team_parts, "MIN_TEAM_WORK", 1)
-        monkeypatch.setattr(_dwvector, "MIN_WORK_PER_THREAD", 1)
-        monkeypatch.setattr(_threads.limits, "compiled_threads", 3)
-        monkeypatch.setattr(_threads.limits, "threads", 3)
+        split_everywhere(monkeypatch, _dwvector)
     rng = np.random.default_rng(2)
     x = (rng.standard_normal(shape) * 4).astype(np.float32)
     w = rng.standard_normal((shape[1], 1, *kernel)).astype(np.float32)
@@ -132,21 +128,17 @@ def test_hard_swish_over_the_planes_is_the_pass_bit_for_bit(
     monkeypatch: pytest.MonkeyPatch, split: bool
 ) -> None:
     if split:  # blocks of channels shared out
-        monkeypatch.setattr(_team_parts, "MIN_TEAM_WORK", 1)
-        monkeypatch.setattr(_dwvector, "MIN_WORK_PER_THREAD", 1)
-        monkeypatch.setattr(_threads.limits, "compiled_threads", 3)
-        monkeypatch.setattr(_threads.limits, "threads", 3)
+        split_everywhere(monkeypatch, _dwvector)
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((2, 40, 9, 9)) * 3).astype(np.float32)
     x[0, 7, 4, 4] = np.nan
     w = rng.standard_normal((40, 1, 5, 5)).astype(np.float32)
     b = rng.standard_normal(40).astype(np.float32)
-    want = np.empty((2, 40, 9, 9), np.float32)
-    _dwvector.bind(x, w, b, want, (1, 1), (2, 2), (1, 1))()
-    add_bias_activation(np, want, None, want, "hard_swish")  # the library's pass
-    out = np.full(want.shape, np.inf, np.float32)
-    _dwvector.bind(x, w, b, out, (1, 1), (2, 2), (1, 1), activation="hard_swish")()
-    np.testing.assert_array_equal(out, want)
+    geometry = ((1, 1), (2, 2), (1, 1))
+    shape = (2, 40, 9, 9)
+    assert_activation_is_the_pass(
+        _dwvector.bind, (x, w, b), shape, geometry, "hard_swish"
+    )
 
 
 def test_a_call_after_other_kernels_wrote_the_scratch_is_still_right() -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asyncrt.ops import _stemvector, _team_parts
-from asyncrt.ops._conv_epilogue import ACTIVATIONS, add_bias_activation
-from asyncrt.runtime import _threads
+from asyncrt.ops import _stemvector
+from asyncrt.ops._conv_epilogue import ACTIVATIONS
 
 from .conv_reference import activate, conv_reference
+from .team_split import assert_activation_is_the_pass, split_everywhere
 
 pytest.importorskip("numba")
 
@@ -71,21 +71,17 @@ def test_hard_swish_over_the_rows_is_the_pass_bit_for_bit(
     monkeypatch: pytest.MonkeyPatch, split: bool
 ) -> None:
     if split:  # rows shared out (on the native team where it runs here)
-        monkeypatch.setattr(_team_parts, "MIN_TEAM_WORK", 1)
-        monkeypatch.setattr(_stemvector, "MIN_WORK_PER_THREAD", 1)
-        monkeypatch.setattr(_threads.limits, "compiled_threads", 3)
-        monkeypatch.setattr(_threads.limits, "threads", 3)
+        split_everywhere(monkeypatch, _stemvector)
     rng = np.random.default_rng(4)
     x = (rng.standard_normal((2, 3, 70, 66)) * 3).astype(np.float32)
     x[1, 0, 10, 10] = np.nan
     w = rng.standard_normal((16, 3, 3, 3)).astype(np.float32)
     b = rng.standard_normal(16).astype(np.float32)
-    want = np.empty((2, 16, 35, 33), np.float32)
-    _stemvector.bind(x, w, b, want, (2, 2), (1, 1), (1, 1))()
-    add_bias_activation(np, want, None, want, "hard_swish")  # the library's pass
-    out = np.full(want.shape, np.inf, np.float32)
-    _stemvector.bind(x, w, b, out, (2, 2), (1, 1), (1, 1), activation="hard_swish")()
-    np.testing.assert_array_equal(out, want)
+    geometry = ((2, 2), (1, 1), (1, 1))
+    shape = (2, 16, 35, 33)
+    assert_activation_is_the_pass(
+        _stemvector.bind, (x, w, b), shape, geometry, "hard_swish"
+    )
 
 
 def test_a_nan_reaches_only_the_outputs_whose_windows_hold_it() -> None:
