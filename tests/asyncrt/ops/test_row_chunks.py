@@ -62,6 +62,8 @@ def test_row_chunks_match_the_reference(
     one_row: bool,
     packed: bool,
 ) -> None:
+    if packed and dtype != np.float32:
+        pytest.skip("weights are packed for float32")
     if one_row:
         monkeypatch.setattr(_row_chunks, "CHUNK_BYTES", 1)
     if xs[0] == 5:

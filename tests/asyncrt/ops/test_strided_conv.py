@@ -112,6 +112,8 @@ def test_strided_conv_matches_theconv_reference(
     bound: bool | str,
     scratch: str,
 ) -> None:
+    if bound == "packed" and (dtype != np.float32 or scratch != "kept"):
+        pytest.skip("weights are packed for float32 and a kept column matrix")
     if scratch == "per call":
         monkeypatch.setattr(_common, "BOUND_SCRATCH_BYTES", 0)
     rng = np.random.default_rng(0)
