@@ -51,7 +51,7 @@ _POINTERS = {
 }
 #: Work (multiply-adds, window cells) a kernel has at least before it is
 #: split over the team: a few microseconds on one thread, a launch costing
-#: 2.5.
+#: 2.1 (2 cores).
 MIN_TEAM_WORK = 100_000
 #: Elements a pass over rows (a norm, a softmax, an epilogue) has at least
 #: before it is split over the team. One thread against two on the 2-core
