@@ -193,12 +193,14 @@ def bind_parts(
         call = (*args(0), first, last, *trailing)
         specialise(kernel, call)
         return functools.partial(kernel, *call)
-    specialise(kernel, (*args(0), 0, 1, *trailing))
     from . import _team_parts  # (imports numba's pieces: only once kernels compile)
 
+    # (the team's wrapper compiles the kernel into its own code: a
+    # specialisation for these arrays would be compiled in vain)
     on_team = _team_parts.bind(kernel, arrays, shares, per_part, trailing)
     if on_team is not None:
         return on_team
+    specialise(kernel, (*args(0), 0, 1, *trailing))
     parts = [
         functools.partial(kernel, *args(p), first, last, *trailing)
         for p, (first, last) in enumerate(shares)

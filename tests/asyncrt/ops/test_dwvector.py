@@ -96,6 +96,8 @@ def test_the_vector_sums_match_the_reference_at_both_widths(
     pads: list[int],
     dilations: list[int],
 ) -> None:
+    if split and lanes != 16:
+        pytest.skip("split at one width: each width's team wrapper compiles anew")
     monkeypatch.setattr(_dwvector, "lanes", lambda: lanes)
     if split:  # blocks of channels shared out, on the native team where it runs
         split_everywhere(monkeypatch, _dwvector)
