@@ -140,8 +140,6 @@ def _slab_axis(shapes: Sequence[tuple[int, ...]], out: tuple[int, ...]) -> int |
             start -= 1
         if start == len(out) or padded[:start] != out[:start]:
             return None
-        if any(padded[a] != 1 for a in range(start, len(out))):
-            return None
         if axis is not None and start != axis:
             return None  # slabs of two sizes
         axis = start
