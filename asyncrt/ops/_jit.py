@@ -19,7 +19,7 @@ What the compiled kernels promise:
 * **No GIL**: a compiled call releases it, so kernels split their work
   into parts (:func:`bind_parts`) that run truly in parallel: on the
   native team the products run on (:mod:`asyncrt.ops._team_parts`: a
-  launch costs 2.5 us), else over :func:`asyncrt.runtime._threads.run_parts`
+  launch costs 2.1 us on 2 cores), else over :func:`asyncrt.runtime._threads.run_parts`
   (the part pool, sized by the host streams' share of the cores). Not on
   numba's own pool (``parallel=True``): its layer compiles each loop's
   callees again, and with OpenBLAS's threads spinning too (numpy's BLAS)
