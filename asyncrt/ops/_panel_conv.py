@@ -89,7 +89,6 @@ def _emit_block(vectors, lanes, context, builder, signature, args):
     kb, c0, flags = args[4:]
     # (the arrays' second axes are their row strides)
     depth, width = cgutils.unpack_tuple(b, x_.shape, 2)
-    channels, out_width = cgutils.unpack_tuple(b, out_.shape, 2)
     fma = _fma(b, e.vector)
     sums = [
         [cgutils.alloca_once_value(b, e.splat(0.0)) for _ in range(vectors)]
@@ -107,6 +106,18 @@ def _emit_block(vectors, lanes, context, builder, signature, args):
             for v in range(vectors):
                 slot = sums[r][v]
                 b.store(b.call(fma, [weight, xs[v], b.load(slot)]), slot)
+    rows = lambda r: [b.load(slot) for slot in sums[r]]  # noqa: E731
+    _store_rows(b, e, (out_, bias_), (kb, c0, flags), rows)
+    return None
+
+
+def _store_rows(b, e, arrays, at, rows):
+    # out[8 kb + r, c0 : ...] = rows(r) (vectors of e's lanes, one after
+    # another), finished (_finish), for the block's channels inside out
+    out_, bias_ = arrays
+    kb, c0, flags = at
+    channels, out_width = cgutils.unpack_tuple(b, out_.shape, 2)
+    lanes = e.vector.count
     k0 = b.mul(kb, e.const(ROWS))
     for r in range(ROWS):
         channel = b.add(k0, e.const(r))
@@ -115,10 +126,9 @@ def _emit_block(vectors, lanes, context, builder, signature, args):
             shift_of = lambda c=channel: _broadcast(  # noqa: E731
                 b, e.vector, b.load(b.gep(bias_.data, [c]))
             )
-            for v in range(vectors):
-                value = _finish(b, e, b.load(sums[r][v]), shift_of, flags)
+            for v, value in enumerate(rows(r)):
+                value = _finish(b, e, value, shift_of, flags)
                 e.store(value, out_, b.add(start, e.const(v * lanes)))
-    return None
 
 
 def _emit_column(context, builder, signature, args):
@@ -134,7 +144,6 @@ def _emit_column(context, builder, signature, args):
     w_, x_, out_, bias_ = e.arrays(signature, args, 4)
     kb, c0, flags = args[4:]
     depth, width = cgutils.unpack_tuple(b, x_.shape, 2)
-    channels, out_width = cgutils.unpack_tuple(b, out_.shape, 2)
     fma = _fma(b, vector)
     zero = ir.Constant(vector, [ir.Constant(ir.FloatType(), 0.0)] * ROWS)
     sums = [cgutils.alloca_once_value(b, zero) for _ in range(COLUMN_SUMS)]
@@ -158,20 +167,14 @@ def _emit_column(context, builder, signature, args):
     while len(values) > 1:
         values = [b.fadd(values[i], values[i + 1]) for i in range(0, len(values), 2)]
     total = values[0]
-    k0 = b.mul(kb, e.const(ROWS))
     i32 = ir.IntType(32)
-    for r in range(ROWS):
-        channel = b.add(k0, e.const(r))
-        with b.if_then(b.icmp_signed("<", channel, channels), likely=True):
-            lane = b.extract_element(total, ir.Constant(i32, r))
-            value = b.insert_element(
-                ir.Constant(e.vector, ir.Undefined), lane, ir.Constant(i32, 0)
-            )
-            shift_of = lambda c=channel: _broadcast(  # noqa: E731
-                b, e.vector, b.load(b.gep(bias_.data, [c]))
-            )
-            value = _finish(b, e, value, shift_of, flags)
-            e.store(value, out_, b.add(b.mul(channel, out_width), c0))
+
+    def rows(r):  # lane r of the sums, as a vector of one lane
+        lane = b.extract_element(total, ir.Constant(i32, r))
+        undefined = ir.Constant(e.vector, ir.Undefined)
+        return [b.insert_element(undefined, lane, ir.Constant(i32, 0))]
+
+    _store_rows(b, e, (out_, bias_), (kb, c0, flags), rows)
     return None
 
 
