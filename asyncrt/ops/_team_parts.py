@@ -125,6 +125,7 @@ def _wrapper_source(
     argument's (:data:`Arg`), the address of the floats, then each share's
     bounds."""
     count = _slot_count((*leading, *trailing))
+    float_count = max(1, sum(arg[0] == "float" for arg in (*leading, *trailing)))
     lines = [
         f"# kernel {module}.{name}, source {_source_digest(module)}",
         "from asyncrt.ops._team_parts import kernel_of",
@@ -135,7 +136,7 @@ def _wrapper_source(
         "def claimed(data):",
         "    shares = slots_(data)[1]",
         f"    d = numba.carray(slots_(data), {count} + 2 * shares)",
-        f"    floats = numba.carray(doubles_(d[{count - 1}]), {count})",
+        f"    floats = numba.carray(doubles_(d[{count - 1}]), {float_count})",
     ]
     slot, floats, values = _HEADER, 0, []
     for index, arg in enumerate((*leading, *trailing)):
@@ -264,5 +265,4 @@ def bind(
         run(address, min(count, wanted), crowded)
 
     parts.held = held  # type: ignore[attr-defined]
-    parts.kernel = f"{py_func.__module__}.{py_func.__name__}"  # type: ignore[attr-defined]
     return parts
