@@ -25,13 +25,15 @@ the pads again on every call. The outputs go straight into NCHW: a block
 of channels is computed for a vector of output cells (row-major over the
 plane) at a time, and the cells' vectors, transposed in registers, are
 runs of each channel's plane (240 channels of 14 x 14: 64 -> 55 us
-against a channels-last result copied back). ReLU is applied to each sum
-in its register, as :data:`asyncrt.ops._conv_epilogue.EXPRESSIONS` has
-it; hard-swish over each block's planes once they are summed, while they
-are in the core's cache (its constants beside the weights would overflow
-the registers: :func:`asyncrt.ops._conv_epilogue.split_activation`). MobileNetV3 (one
-thread) ran 6% faster with this path than with the planar loop and
-numba's channels-last loop, before the direct stores.
+against a channels-last result copied back). ReLU and hard-swish are
+applied to each sum in its register, as
+:data:`asyncrt.ops._conv_epilogue.EXPRESSIONS` has them (the same
+operations in the same order: the pass's bits). A pass over each block's
+planes after the sums, which numba left scalar, cost more than the sums
+(240 channels of 14 x 14, 5 x 5, one thread: 89 us against 54 in the
+registers). MobileNetV3 (one thread) ran 6% faster with this path than
+with the planar loop and numba's channels-last loop, before the direct
+stores.
 
 Results: the bias first, then the taps in row-major order, each product
 rounded before it is added (no fused multiply-add), as the other
@@ -51,7 +53,7 @@ import numpy as np
 
 from . import _jit, _jitmath, _scratch, _team_parts
 from ._common import Array
-from ._conv_epilogue import ACTIVATIONS, split_activation
+from ._conv_epilogue import ACTIVATIONS
 from ._vector_ir import compile_vectors
 
 __all__ = ("MIN_WORK_PER_THREAD", "bind", "lanes", "takes")
@@ -70,8 +72,8 @@ _SOURCE = (
     + """
 KH, KW, SH, SW, DH, DW, LANES = {geometry}
 TILE = {tile}
+INTERLEAVE = {interleave}
 ACTIVATION = "{activation}"
-AFTER = "{after}"  # hard-swish over each block's planes once they are summed
 
 
 class _Cells:
@@ -103,17 +105,24 @@ class _Cells:
         i = self.b.sdiv(self.q0, self.out_w)
         return i, self.b.sub(self.q0, self.b.mul(i, self.out_w))
 
-    def sums(self, i, j):
-        # the activated sums of output cell (i, j) for the block's channels
-        e, b = self.e, self.b
+    def corner(self, i, j):
+        # the flat index of output cell (i, j)'s first tap, channel c0
+        e = self.e
         image = e.index((self.n, self.rows), (i, e.const(SH)))
         pixel = e.index((image, self.width), (j, e.const(SW)))
-        corner = e.index((pixel, self.stride), self.c0)
-        total = self.start
+        return e.index((pixel, self.stride), self.c0)
+
+    def sums(self, corners):
+        # the activated sums of the cells at these corners, their chains
+        # interleaved tap by tap: one cell's 25 dependent adds alone fill
+        # the scheduler and leave the adder waiting on their latency
+        b = self.b
+        totals = [self.start] * len(corners)
         for weight, offset in zip(self.weights, self.offsets):
-            tap = e.load(self.x, b.add(corner, offset))
-            total = b.fadd(total, b.fmul(weight, tap))
-        return e.activate(total, ACTIVATION)
+            for k, corner in enumerate(corners):
+                tap = self.e.load(self.x, b.add(corner, offset))
+                totals[k] = b.fadd(totals[k], b.fmul(weight, tap))
+        return [self.e.activate(total, ACTIVATION) for total in totals]
 
 
 
@@ -134,13 +143,16 @@ def block_run_(typingctx, xp, w, bias, out, n, c0, q0):
         cells = _Cells(context, builder, signature, args)
         e = cells.e
         i, j = cells.row_column()
-        sums = []
+        corners = []
         for _ in range(LANES):
-            sums.append(cells.sums(i, j))
+            corners.append(cells.corner(i, j))
             j = builder.add(j, e.const(1))
             wrap = builder.icmp_signed("==", j, cells.out_w)
             j = builder.select(wrap, e.const(0), j)
             i = builder.select(wrap, builder.add(i, e.const(1)), i)
+        sums = []
+        for g in range(0, LANES, INTERLEAVE):
+            sums += cells.sums(corners[g : g + INTERLEAVE])
         e.store_runs(sums, cells.out, cells.n, cells.c0, cells.q0)
         return context.get_dummy_value()
 
@@ -156,7 +168,7 @@ def block_cell_(typingctx, xp, w, bias, out, n, c0, q):
 
     def codegen(context, builder, signature, args):
         cells = _Cells(context, builder, signature, args)
-        total = cells.sums(*cells.row_column())
+        (total,) = cells.sums([cells.corner(*cells.row_column())])
         cells.e.store_lanes(total, cells.out, cells.n, cells.c0, cells.q0)
         return context.get_dummy_value()
 
@@ -181,20 +193,23 @@ def kernel(x, xp, w, bias, out, first, last, top, left):
     for n in range(batch):
         for block in range(first, last):
             c0 = block * LANES
-            for r in range(rows):
+            for r in range(rows):  # the pads, never the interior
                 inside = top <= r < top + height
-                for q in range(columns):
-                    if inside and left <= q < left + width:
+                q = 0
+                while q < columns:
+                    if inside and q == left:
+                        q = left + width
                         continue
                     for c in range(c0, c0 + LANES):
                         xp[n, r, q, c] = 0.0
+                    q += 1
             for t0 in range(c0, c0 + LANES, TILE):
                 for p0 in range(0, whole, TILE):
                     tile_in_(x, xp, n, t0, p0, top, left)
-            for c in range(c0, c0 + LANES):
-                for p in range(whole, cells):
-                    h = p // width
-                    q = p - h * width
+            for p in range(whole, cells):
+                h = p // width
+                q = p - h * width
+                for c in range(c0, c0 + LANES):
                     xp[n, top + h, left + q, c] = x[n, min(c, last_channel), h, q]
             q = 0
             while q + LANES <= out_cells:
@@ -203,11 +218,6 @@ def kernel(x, xp, w, bias, out, first, last, top, left):
             while q < out_cells:
                 block_cell_(xp, w, bias, out, n, c0, q)
                 q += 1
-            if AFTER == "hard_swish":  # (the planes still in this core's cache)
-                for c in range(c0, min(c0 + LANES, channels)):
-                    for i in range(out.shape[2]):
-                        for j in range(out.shape[3]):
-                            out[n, c, i, j] = hswish_(out[n, c, i, j])
 """
 )
 
@@ -272,6 +282,14 @@ def _pixel_stride(blocks: int) -> int:
 COPY_TILE = 8
 
 
+#: Output cells whose sums are emitted tap by tap together: one cell's
+#: chain of dependent adds alone fills the scheduler while each waits on
+#: the last. 240 channels of 14 x 14, 5 x 5, one thread: 46 -> 38 us for
+#: the sums with 4 (2: 44, 8: 39, 16: 42; more cells keep more sums in
+#: registers beside the 25 weight vectors).
+INTERLEAVE = 4
+
+
 @functools.cache
 def lanes() -> int:
     """Channels a vector holds: 16 where the CPU has AVX-512 (32 vector
@@ -288,12 +306,9 @@ def lanes() -> int:
 
 
 @functools.cache
-def _kernel(
-    geometry: tuple[int, ...], activation: str, after: str = "none"
-) -> Callable[..., None]:
-    """The loop for ``(KH, KW, SH, SW, DH, DW, LANES)``, ``activation`` (in
-    the registers) and ``after`` (``"hard_swish"``: over each block's
-    planes once summed), compiled (or loaded from numba's disk cache)."""
+def _kernel(geometry: tuple[int, ...], activation: str) -> Callable[..., None]:
+    """The loop for ``(KH, KW, SH, SW, DH, DW, LANES)`` and ``activation``
+    (in the registers), compiled (or loaded from numba's disk cache)."""
     return compile_vectors(
         "asyncrt_dwvector",
         _SOURCE + _TILE_SOURCE,
@@ -301,7 +316,7 @@ def _kernel(
         geometry=geometry,
         activation=activation,
         tile=COPY_TILE,
-        after=after,
+        interleave=INTERLEAVE,
     )
 
 
@@ -355,11 +370,7 @@ def bind(
     weights = w.reshape(channels, k_h * k_w).T
     shift = np.zeros(blocks, np.float32)
     own_weights, own_bias = taps[:, :channels], shift[:channels]
-    # hard-swish is not applied in the registers (split_activation) but by
-    # the loop over each block's planes once summed: the pass's bits
-    inside, after = split_activation(out, activation)
-    planes_after = "none" if after is None else activation
-    kernel = _kernel((k_h, k_w, *strides, *dilations, vector), inside, planes_after)
+    kernel = _kernel((k_h, k_w, *strides, *dilations, vector), activation)
     work = out.size * k_h * k_w
     shares = _team_parts.shares(block_count, work, MIN_WORK_PER_THREAD)
     shapes = ((n, rows, columns, padded),)

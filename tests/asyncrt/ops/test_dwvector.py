@@ -126,7 +126,7 @@ def test_the_vector_sums_match_the_reference_at_both_widths(
 
 
 @pytest.mark.parametrize("split", [False, True])
-def test_hard_swish_over_the_planes_is_the_pass_bit_for_bit(
+def test_hard_swish_in_the_registers_is_the_pass_bit_for_bit(
     monkeypatch: pytest.MonkeyPatch, split: bool
 ) -> None:
     if split:  # blocks of channels shared out
