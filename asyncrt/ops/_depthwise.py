@@ -17,7 +17,12 @@ layouts, chosen by the output's width:
   Measured (AMD EPYC VM, one thread): 16 channels of 112 x 112, 3 x 3
   stride 2: 127 us with a loop per tap (248 channels-last), 61 now; 72 of
   56 x 56 stride 2: 173 -> 70 us; 88 of 28 x 28, stride 1: 122 -> 36 us;
-  96 of 28 x 28, 5 x 5 stride 2: 184 -> 54 us.
+  96 of 28 x 28, 5 x 5 stride 2: 184 -> 54 us. float32 at column stride 1
+  or 2 takes the planes in explicit row vectors instead
+  (:mod:`asyncrt.ops._dwrows`: no copies, no column summed in vain; one
+  thread, these shapes: 61-68 -> 52, 69 -> 58-61, 42 -> 29 us; 32 channels
+  of 112 x 112 at stride 1 192 -> 136); this loop serves float64, other
+  strides, grouped convolutions, stems and pools.
 * **Channels-last pixels** (narrower outputs, where rows are too short):
   the input goes channels-last first (one numpy copy, ``(N, H, W, C)``),
   and a loop computes each output pixel's channel vector: the bias, then
@@ -59,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _dwvector, _jit, _jitmath, _team_parts
+from . import _dwrows, _dwvector, _jit, _jitmath, _team_parts
 from ._common import Array
 from ._conv_epilogue import (
     EXPRESSIONS,
@@ -414,6 +419,10 @@ def bind_depthwise(
     """
     vectors = _dwvector.takes(x, w)
     if out.shape[3] >= PLANAR_MIN_WIDTH and not (vectors and _vectors_win(w, out)):
+        if _dwrows.takes(x, w, strides):
+            return _dwrows.bind(
+                x, w, bias, out, strides, begin, dilations, activation=activation
+            )
         geometry = (*strides, *begin, *dilations)
         return _bind_planes(x, w, bias, out, geometry, activation)
     if vectors:

@@ -88,6 +88,62 @@ class _Emit:
     def store(self, value, array, index):
         self.b.store(value, self.address(array, index), align=4)
 
+    def spread(self, value):
+        # the float value in every lane
+        i32 = ir.IntType(32)
+        lane = self.b.insert_element(
+            ir.Constant(self.vector, ir.Undefined), value, ir.Constant(i32, 0)
+        )
+        zeros = ir.Constant(ir.VectorType(i32, self.vector.count), None)
+        return self.b.shuffle_vector(lane, lane, zeros)
+
+    def lanes_between(self, start, end):
+        # a mask of the lanes l with 0 <= start + l < end (intp values)
+        i64 = ir.IntType(64)
+        count = self.vector.count
+        vector = ir.VectorType(i64, count)
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), count), None)
+
+        def spread(value):
+            lane = self.b.insert_element(
+                ir.Constant(vector, ir.Undefined), value, self.const(0)
+            )
+            return self.b.shuffle_vector(lane, lane, zeros)
+
+        cells = self.b.add(spread(start), ir.Constant(vector, list(range(count))))
+        return self.b.and_(
+            self.b.icmp_signed(">=", cells, ir.Constant(vector, [0] * count)),
+            self.b.icmp_signed("<", cells, spread(end)),
+        )
+
+    def masked_load(self, array, index, mask):
+        # array's flat cells from index under mask, zero in the other lanes
+        # (which are not read: they may lie outside the array)
+        function = cgutils.get_or_insert_function(
+            self.b.module,
+            ir.FunctionType(
+                self.vector,
+                [self.vector.as_pointer(), ir.IntType(32), mask.type, self.vector],
+            ),
+            f"llvm.masked.load.v{self.vector.count}f32.p0",
+        )
+        four = ir.Constant(ir.IntType(32), 4)
+        pointer = self.address(array, index)
+        return self.b.call(function, [pointer, four, mask, self.splat(0.0)])
+
+    def masked_store(self, value, array, index, mask):
+        # value's lanes under mask into array's flat cells from index
+        function = cgutils.get_or_insert_function(
+            self.b.module,
+            ir.FunctionType(
+                ir.VoidType(),
+                [self.vector, self.vector.as_pointer(), ir.IntType(32), mask.type],
+            ),
+            f"llvm.masked.store.v{self.vector.count}f32.p0",
+        )
+        four = ir.Constant(ir.IntType(32), 4)
+        self.b.call(function, [value, self.address(array, index), four, mask])
+
     def plane(self, out, n, channel):
         # the flat index of out[n, channel, 0, 0] (4-D, NCHW)
         _, channels, height, width = cgutils.unpack_tuple(self.b, out.shape, 4)

@@ -1,0 +1,302 @@
+"""Depthwise convolution along output rows in explicit vectors, on the NCHW
+planes as they are: no layout copies, strides 1 and 2.
+
+The planar loop (:mod:`asyncrt.ops._depthwise`) copies each plane's rows
+into a zero-padded buffer by row phase, and at stride 2 sums every column
+and keeps every second one (LLVM does not vectorise strided loads): about
+4x its floor on MobileNetV3's stride-2 layers. The channels-last vectors
+(:mod:`asyncrt.ops._dwvector`) copy the whole input channels-last first,
+which costs as much as the sums where a plane is large (16 channels of
+112 x 112: 39 of 61 us).
+
+Here a numba intrinsic writes each output row's vector of :func:`lanes`
+columns itself, reading the input planes where they are. At stride 1 a
+tap is one unaligned load; at stride 2 two loads and one shuffle that
+keeps their even lanes (one ``vpermt2ps``). Rows whose taps all lie
+inside the input take plain loads and stores, :data:`GROUP` rows at once
+(their chains of dependent adds interleaved); rows and columns at the
+borders take masked loads (lanes outside the input read as zero, never
+touched) and masked stores.
+
+Results: the bias first, then the taps in row-major order, each product
+rounded before it is added (no fused multiply-add), pads adding zero
+products, the activation (:data:`asyncrt.ops._conv_epilogue.EXPRESSIONS`:
+ReLU, hard-swish) applied in the registers: the bits of
+:mod:`asyncrt.ops._dwvector`. float32 only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+from . import _dwvector, _jit, _team_parts
+from ._common import Array
+from ._conv_epilogue import ACTIVATIONS
+from ._vector_ir import compile_vectors
+
+__all__ = ("GROUP", "MIN_WORK_PER_THREAD", "STRIDES", "bind", "takes")
+
+#: Column strides the loads serve: one load a tap, or two and a shuffle.
+STRIDES = (1, 2)
+#: Output rows summed together where every tap is inside: one row's chain
+#: of dependent adds alone leaves the adder waiting on its latency.
+GROUP = 4
+#: Multiply-adds each thread of the part pool gets at least before the
+#: channels are split over it (the native team's threshold:
+#: :data:`asyncrt.ops._team_parts.MIN_TEAM_WORK`).
+MIN_WORK_PER_THREAD = 2_000_000
+
+_SOURCE = """
+KH, KW, SH, SW, DH, DW, LANES = {geometry}
+ACTIVATION = "{activation}"
+GROUP = {group}
+
+
+class _Plane:
+    # IR for one call: channel c of image n, its weights and bias spread
+    # over the lanes, the columns j0:j0 + LANES of some output rows
+    def __init__(self, context, builder, signature, args):
+        e = self.e = _Emit(context, builder, LANES)
+        b = self.b = builder
+        self.x, w, bias, self.out = e.arrays(signature, args, 4)
+        n, c, self.i, self.j0, self.top, self.left = args[4:]
+        _, channels, self.height, self.width = cgutils.unpack_tuple(
+            b, self.x.shape, 4
+        )
+        out_h, self.out_w = cgutils.unpack_tuple(b, self.out.shape, 4)[2:]
+        first_tap = e.index((c, e.const(KH * KW)))
+        self.weights = [
+            e.spread(b.load(b.gep(w.data, [b.add(first_tap, e.const(t))])))
+            for t in range(KH * KW)
+        ]
+        self.start = e.spread(b.load(b.gep(bias.data, [c])))
+        image = e.index((n, channels), c)
+        self.plane = e.index((image, self.height, self.width))
+        self.out_plane = e.index((image, out_h, self.out_w))
+        self.even = ir.Constant(
+            ir.VectorType(ir.IntType(32), LANES), [2 * k for k in range(LANES)]
+        )
+
+    def cell(self, i):
+        # the flat index of out[n, c, i, j0]
+        return self.e.index(self.out_plane, (i, self.out_w), self.j0)
+
+    def sums(self, rows, reach):
+        # the activated sums of output rows `rows` at columns j0:j0 + LANES,
+        # their chains interleaved tap by tap; reach: what may lie past the
+        # input ("": nothing, "columns", "rows": rows and columns), those
+        # taps read as zero
+        e, b = self.e, self.b
+        totals = [self.start] * len(rows)
+        for a in range(KH):
+            starts, inside = [], []
+            for i in rows:
+                r = b.sub(e.index((i, e.const(SH)), e.const(a * DH)), self.top)
+                ok = None
+                if reach == "rows":
+                    ok = b.and_(
+                        b.icmp_signed(">=", r, e.const(0)),
+                        b.icmp_signed("<", r, self.height),
+                    )
+                    r = b.select(ok, r, e.const(0))
+                inside.append(ok)
+                starts.append(e.index(self.plane, (r, self.width)))
+            for t in range(KW):
+                column = b.sub(
+                    e.index((self.j0, e.const(SW)), e.const(t * DW)), self.left
+                )
+                for k, start in enumerate(starts):
+                    at = b.add(start, column)
+                    if reach:
+                        tap = self.tap_inside(at, column, inside[k])
+                    else:
+                        tap = self.tap(at)
+                    totals[k] = b.fadd(totals[k], b.fmul(self.weights[a * KW + t], tap))
+        return [e.activate(total, ACTIVATION) for total in totals]
+
+    def tap(self, at):
+        # the input cells under LANES outputs' tap, the first at flat index at
+        e = self.e
+        if SW == 1:
+            return e.load(self.x, at)
+        low = e.load(self.x, at)
+        high = e.load(self.x, self.b.add(at, e.const(LANES)))
+        return self.b.shuffle_vector(low, high, self.even)
+
+    def tap_inside(self, at, column, row_inside):
+        # tap(at), its cells outside the row (or all, outside the rows) zero
+        e, b = self.e, self.b
+        vectors = []
+        for v in range(SW):
+            first = b.add(column, e.const(v * LANES))
+            mask = e.lanes_between(first, self.width)
+            if row_inside is not None:
+                mask = b.select(row_inside, mask, ir.Constant(mask.type, None))
+            vectors.append(e.masked_load(self.x, b.add(at, e.const(v * LANES)), mask))
+        if SW == 1:
+            return vectors[0]
+        return b.shuffle_vector(vectors[0], vectors[1], self.even)
+
+
+def _typed(x, w, bias, out):
+    arrays = ((x, 4), (w, 4), (bias, 1), (out, 4))
+    return all(_is_float_array(a, ndim) for a, ndim in arrays)
+
+
+@intrinsic
+def rows_(typingctx, x, w, bias, out, n, c, i, j0, top, left):
+    # out[n, c, i:i + GROUP, j0:j0 + LANES], every tap inside x
+    if not _typed(x, w, bias, out):
+        return None
+
+    def codegen(context, builder, signature, args):
+        plane = _Plane(context, builder, signature, args)
+        e = plane.e
+        rows = [builder.add(plane.i, e.const(g)) for g in range(GROUP)]
+        for i, total in zip(rows, plane.sums(rows, "")):
+            e.store(total, plane.out, plane.cell(i))
+        return context.get_dummy_value()
+
+    intp = types.intp
+    return types.none(x, w, bias, out, intp, intp, intp, intp, intp, intp), codegen
+
+
+@intrinsic
+def rows_masked_(typingctx, x, w, bias, out, n, c, i, j0, top, left):
+    # out[n, c, i:i + GROUP, j0:j0 + LANES] (the lanes inside out's width),
+    # every tap's row inside x, columns outside it zero
+    if not _typed(x, w, bias, out):
+        return None
+
+    def codegen(context, builder, signature, args):
+        plane = _Plane(context, builder, signature, args)
+        e = plane.e
+        rows = [builder.add(plane.i, e.const(g)) for g in range(GROUP)]
+        mask = e.lanes_between(plane.j0, plane.out_w)
+        for i, total in zip(rows, plane.sums(rows, "columns")):
+            e.masked_store(total, plane.out, plane.cell(i), mask)
+        return context.get_dummy_value()
+
+    intp = types.intp
+    return types.none(x, w, bias, out, intp, intp, intp, intp, intp, intp), codegen
+
+
+@intrinsic
+def row_edge_(typingctx, x, w, bias, out, n, c, i, j0, top, left):
+    # out[n, c, i, j0:j0 + LANES] (the lanes inside out's width), taps
+    # outside x zero
+    if not _typed(x, w, bias, out):
+        return None
+
+    def codegen(context, builder, signature, args):
+        plane = _Plane(context, builder, signature, args)
+        e = plane.e
+        (total,) = plane.sums([plane.i], "rows")
+        mask = e.lanes_between(plane.j0, plane.out_w)
+        e.masked_store(total, plane.out, plane.cell(plane.i), mask)
+        return context.get_dummy_value()
+
+    intp = types.intp
+    return types.none(x, w, bias, out, intp, intp, intp, intp, intp, intp), codegen
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+def kernel(x, w, bias, out, first, last, top, left):
+    # channels first:last of out (N, C, OH, OW), depthwise of x (N, C, H, W)
+    # and w (C, 1, KH, KW) plus bias (C,)
+    height, width = x.shape[2], x.shape[3]
+    out_h, out_w = out.shape[2], out.shape[3]
+    # rows low:high and columns below high_j read only cells inside x
+    low = min(out_h, -(-top // SH))
+    high = max(low, min(out_h, (height - 1 + top - (KH - 1) * DH) // SH + 1))
+    low_j = -(-left // SW)
+    for n in range(x.shape[0]):
+        for c in range(first, last):
+            for j0 in range(0, out_w, LANES):
+                last_read = j0 * SW - left + (KW - 1) * DW + LANES * SW - 1
+                whole = j0 + LANES <= out_w
+                columns_inside = j0 >= low_j and last_read < width and whole
+                i = 0
+                while i < out_h:
+                    if low <= i and i + GROUP <= high:
+                        if columns_inside:
+                            rows_(x, w, bias, out, n, c, i, j0, top, left)
+                        else:
+                            rows_masked_(x, w, bias, out, n, c, i, j0, top, left)
+                        i += GROUP
+                    else:
+                        row_edge_(x, w, bias, out, n, c, i, j0, top, left)
+                        i += 1
+"""
+
+
+def takes(x: Array, w: Array, strides: tuple[int, ...]) -> bool:
+    """Whether :func:`bind` computes a depthwise convolution of these
+    arrays: float32, column stride 1 or 2 (:func:`asyncrt.ops._depthwise.takes`
+    checked the rest)."""
+    return bool(
+        x.dtype == np.float32
+        and w.dtype == np.float32
+        and strides[1] in STRIDES
+        and _jit.available()
+    )
+
+
+@functools.cache
+def _kernel(geometry: tuple[int, ...], activation: str) -> Callable[..., None]:
+    """The loop for ``(KH, KW, SH, SW, DH, DW, LANES)`` and ``activation``,
+    compiled (or loaded from numba's disk cache)."""
+    return compile_vectors(
+        "asyncrt_dwrows",
+        _SOURCE,
+        "kernel",
+        geometry=geometry,
+        activation=activation,
+        group=GROUP,
+    )
+
+
+def bind(
+    x: Array,
+    w: Array,
+    bias: Array | None,
+    out: Array,
+    strides: tuple[int, ...],
+    begin: tuple[int, ...],
+    dilations: tuple[int, ...],
+    *,
+    activation: str = "none",
+) -> Callable[[], None]:
+    """The depthwise convolution ``out (N, C, OH, OW)`` of ``x (N, C, H, W)``
+    and ``w (C, 1, KH, KW)`` (all C-contiguous float32) as a call without
+    arguments, its loop compiled now, its channels split over the kernel
+    threads where the work pays for it.
+
+    :param begin: the pads before each spatial axis.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}")
+    if strides[1] not in STRIDES:
+        raise ValueError(f"column stride {strides[1]}: the loads serve {STRIDES}")
+    channels = x.shape[1]
+    k_h, k_w = w.shape[2:]
+    geometry = (k_h, k_w, *strides, *dilations, _dwvector.lanes())
+    kernel = _kernel(geometry, activation)
+    shift = np.zeros(channels, np.float32)
+    if bias is not None and bias.dtype == np.float32 and bias.flags.c_contiguous:
+        shift = bias  # read where it is
+    work = out.size * k_h * k_w
+    shares = _team_parts.shares(channels, work, MIN_WORK_PER_THREAD)
+    compute = _jit.bind_parts(kernel, (x, w, shift, out), shares, trailing=begin)
+    if bias is None or shift is bias:
+        return compute
+    copyto, values = np.copyto, bias
+
+    def depthwise() -> None:
+        copyto(shift, values)  # (a strided view: its values as they are now)
+        compute()
+
+    return depthwise
