@@ -48,6 +48,7 @@ _POINTERS = {
     np.dtype(np.float32): "floats_",
     np.dtype(np.float64): "doubles_",
     np.dtype(np.int64): "ints_",
+    np.dtype(np.bool_): "bools_",
 }
 #: Work (multiply-adds, window cells) a kernel has at least before it is
 #: split over the team: a few microseconds on one thread, a launch costing
@@ -112,8 +113,9 @@ def _source_digest(module: str) -> str:
 
 
 #: How an argument travels in the slots: ``("array", intrinsic, ndim,
-#: per_part)`` (its address, then its shape), ``("int",)`` (its value) or
-#: ``("float",)`` (its place among the floats, whose address follows).
+#: per_part)`` (its address, then its shape), ``("int",)`` or ``("bool",)``
+#: (its value) or ``("float",)`` (its place among the floats, whose address
+#: follows).
 Arg = tuple[Any, ...]
 
 
@@ -150,6 +152,9 @@ def _wrapper_source(
             slot += 1 + ndim
         elif arg[0] == "int":
             values.append(f"d[{slot}]")
+            slot += 1
+        elif arg[0] == "bool":
+            values.append(f"d[{slot}] != 0")
             slot += 1
         else:
             values.append(f"floats[{floats}]")
@@ -197,7 +202,9 @@ def _describe(value: Any, per_part: bool, shares: int) -> Arg | None:
         ):
             return None
         return ("array", intrinsic, value.ndim, per_part)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
+        return ("bool",)
+    if isinstance(value, (int, np.integer)):
         return ("int",)
     if isinstance(value, (float, np.floating)):
         return ("float",)
@@ -248,7 +255,7 @@ def bind(
         if arg[0] == "array":  # type: ignore[index]
             slots += [value.ctypes.data, *value.shape]
         else:
-            slots.append(int(value) if arg[0] == "int" else 0)  # type: ignore[index]
+            slots.append(int(value) if arg[0] in ("int", "bool") else 0)  # type: ignore[index]
     slots.append(floats.ctypes.data)
     for first, last in shares:
         slots += [first, last]

@@ -254,6 +254,7 @@ def _address_as(numba_type, llvm_type):
 ints_ = _address_as(types.int64, ir.IntType(64))
 floats_ = _address_as(types.float32, ir.FloatType())
 doubles_ = _address_as(types.float64, ir.DoubleType())
+bools_ = _address_as(types.boolean, ir.IntType(8))  # (numpy's: a byte each)
 
 
 @intrinsic

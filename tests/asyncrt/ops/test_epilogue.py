@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt.ops import _jit, lookup
+from asyncrt.ops import _jit, _team_parts, epilogue, lookup
 from asyncrt.ops._kernels import global_namespace_func
+from asyncrt.runtime import _threads
 from scheduler.dispatch import Bindable
 
 RNG = np.random.default_rng(11)
@@ -207,17 +208,27 @@ def test_scale_add_softmax_gives_the_unfused_kernels_bits(
 @pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("divide", [True, False])
 @pytest.mark.parametrize("cond_shape", [(1, 1, 6, 6), (6, 6), (2, 1, 1, 6)])
-@pytest.mark.parametrize("compiled", ENGINES)
+@pytest.mark.parametrize("compiled", [*ENGINES, "split"])
 def test_scale_where_softmax_gives_the_unfused_kernels_bits(
     keep: bool,
     divide: bool,
     cond_shape: tuple[int, ...],
-    compiled: bool,
+    compiled: bool | str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # where(k, x / c, f) with keep (a causal mask as PyTorch exports it),
-    # where(k, f, x / c) without: the compiled rows or the numpy passes
-    monkeypatch.setattr(_jit, "enabled", compiled)
+    # where(k, f, x / c) without: the compiled rows or the numpy passes;
+    # "split": the rows shared out on the native team (its slots carry the
+    # boolean mask and flags) where it runs, else the part pool
+    if compiled == "split":
+        if not _jit.enabled:
+            pytest.skip("the compiled rows are split")
+        monkeypatch.setattr(_team_parts, "MIN_TEAM_ELEMENTS", 1)
+        monkeypatch.setattr(epilogue, "SOFTMAX_SPLIT_ELEMENTS", 1)
+        monkeypatch.setattr(_threads.limits, "compiled_threads", 3)
+        monkeypatch.setattr(_threads.limits, "threads", 3)
+    else:
+        monkeypatch.setattr(_jit, "enabled", compiled)
     x = _float(2, 3, 6, 6) * 4
     x[0, 0, 1, 1] = np.nan  # its row is NaN, as the unfused kernels have it
     c, f = np.array(np.sqrt(8.0), np.float32), np.array(-np.inf, np.float32)

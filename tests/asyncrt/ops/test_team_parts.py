@@ -141,3 +141,37 @@ def test_shares_go_to_the_team_from_its_threshold(
         assert _team_parts.shares(3, 10**6, 10**9) == [(0, 1), (1, 2), (2, 3)]
     else:
         assert on_team == [(0, 100)]
+
+
+_MASKED_SOURCE = """
+import numba
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+def masked(x, keep, out, negate, first, last, fill):
+    # rows first:last: out = x where keep (or where not, with negate), else fill
+    for i in range(first, last):
+        for j in range(x.shape[1]):
+            out[i, j] = x[i, j] if keep[i, j] != negate else fill
+"""
+
+
+@needs_team
+@pytest.mark.parametrize("negate", [False, True])
+def test_flags_and_boolean_masks_travel_in_the_slots(
+    monkeypatch: pytest.MonkeyPatch, negate: bool
+) -> None:
+    # (attention's masked softmax takes a boolean mask and flags: on the
+    # part pool it waited tens of microseconds for a pool thread to wake)
+    monkeypatch.setattr(_threads.limits, "threads", 2)
+    kernel = _jit.compile_source("asyncrt_test_team_masks_v1", _MASKED_SOURCE, "masked")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((9, 6)).astype(np.float32)
+    keep = rng.standard_normal((9, 6)) > 0
+    out = np.full_like(x, np.nan)
+    call = _team_parts.bind(
+        kernel, (x, keep, out, negate), _shares(9, 3), frozenset(), (-1.5,)
+    )
+    assert call is not None
+    call()
+    np.testing.assert_array_equal(out, np.where(keep != negate, x, np.float32(-1.5)))
