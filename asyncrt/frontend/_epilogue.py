@@ -4,7 +4,11 @@ as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
 (rules in :mod:`._rules_epilogue`, kernels in :mod:`asyncrt.ops.epilogue`):
 
 * ``MatMul(X, W) -> Add(B)``, ``W`` a 2-D constant and ``B`` a constant of
-  shape ``(W.shape[1],)``, becomes ``MatMulBias(X, W, B)``; where the sum
+  shape ``(W.shape[1],)``, becomes ``MatMulBias(X, W, B)``; where only a
+  ``Split`` of the last axis reads the sum (attention's Q, K and V from
+  one product: GPT-2's, or the import's merged projections), the node
+  gives the parts as its outputs (attributes ``axis`` and ``splits``), and
+  the kernel writes each part itself instead of a copy after; where the sum
   only feeds the exact erf GELU as PyTorch exports it (``Div(y, sqrt 2) ->
   Erf -> Add(1) -> Mul(y) -> Mul(0.5)``), that joins it as
   ``activation="gelu"``; where it feeds GPT-2's tanh GELU as PyTorch
@@ -151,19 +155,58 @@ class _Fuser:
                     absorbed += found[0]
                     output, activation = found[1], name
                     break
+            outputs, split_attrs = [output], {}
+            if activation == "none":
+                found_split = self.split_last(output, weight.shape[1])
+                if found_split is not None:
+                    absorbed.append(found_split[0])
+                    outputs, split_attrs = found_split[1], found_split[2]
             fused = onnx.helper.make_node(
                 "MatMulBias",
                 [node.input[0], node.input[1], bias_name],
-                [output],
+                outputs,
                 name=node.name,
                 domain=PRIVATE_DOMAIN,
                 activation=activation,
+                **split_attrs,
             )
             self.nodes[index] = fused
             for position in absorbed:
                 self.nodes[position] = None
             count += len(absorbed)
         return count
+
+    def split_last(
+        self, y: str, width: int
+    ) -> tuple[int, list[str], dict[str, Any]] | None:
+        """A ``Split`` of ``y``'s last axis (``width`` wide), its only
+        reader: its index, outputs and the ``axis`` and ``splits``
+        attributes that make a ``MatMulBias`` write the parts itself. The
+        axis is kept as given (the rule checks it against the shapes)."""
+        try:
+            index, node = self.only_reader(y, "Split")
+        except LookupError:
+            return None
+        given = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        axis = int(given.get("axis", 0))
+        outputs = [str(name) for name in node.output]
+        if not all(outputs) or len(outputs) < 2:
+            return None
+        if len(node.input) > 1 and node.input[1]:
+            sizes = self.const(node.input[1])
+            if sizes is None or sizes.ndim != 1:
+                return None
+            splits = [int(v) for v in sizes]
+        elif "split" in given:
+            splits = [int(v) for v in given["split"]]
+        elif axis == -1 and width % len(outputs) == 0:
+            splits = [width // len(outputs)] * len(outputs)
+        else:
+            return None
+        # an axis counted from the front is the last only if it is as wide
+        if len(splits) != len(outputs) or sum(splits) != width or min(splits) < 1:
+            return None
+        return index, outputs, {"axis": axis, "splits": splits}
 
     def relu(self, y: str) -> tuple[list[int], str] | None:
         """A ``Relu``, the only reader of ``y``."""

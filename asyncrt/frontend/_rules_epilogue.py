@@ -4,7 +4,8 @@
 * ``MatMulBias(X, W, B)``, attribute ``activation`` (``"none"``,
   ``"gelu"``, ``"gelu_tanh"`` or ``"relu"``): ``act(X @ W + B)`` with ``W`` 2-D and
   ``B`` its row of biases,
-  the kernel library's ``matmul_bias``.
+  the kernel library's ``matmul_bias``; with several outputs, attributes
+  ``axis`` and ``splits``: the product's parts along ``axis``.
 * ``AddLayerNormalization(X, R, Scale[, Bias])``, attributes ``axis`` and
   ``epsilon``: ``LayerNormalization(X + R)`` (and ``X + R`` as a second
   output, where the node names one), the library's ``add_layer_norm``.
@@ -28,16 +29,36 @@ from ._rules import Call, Lowering, NodeContext, private_rule
 __all__ = ()
 
 
-@private_rule("MatMulBias", "MatMul", attrs=("activation",))
+@private_rule("MatMulBias", "MatMul", attrs=("activation", "axis", "splits"))
 def _matmul_bias(ctx: NodeContext) -> Lowering:
     x, w = ctx.spec(0), ctx.spec(1)
     if len(w.shape) != 2 or not x.shape or x.shape[-1] != w.shape[0]:
         reason = f"cannot multiply {list(x.shape)} by {list(w.shape)} (2-D weights)"
         raise ctx.unsupported(reason) from InferenceFailed(reason)
-    ctx.correct_outputs([TensorSpec((*x.shape[:-1], w.shape[1]), x.dtype)])
+    shape = (*x.shape[:-1], w.shape[1])
     activation = str(ctx.attr("activation", "none"))
     ctx.refuse("activation", ("none", "gelu", "gelu_tanh", "relu"))
-    return Call("matmul_bias", (0, 1, 2), {"activation": activation})
+    attrs: dict[str, object] = {"activation": activation}
+    splits = [int(v) for v in ctx.attr("splits", [])]
+    if ctx.num_outputs > 1 or splits:
+        axis = int(ctx.attr("axis", -1))
+        axis = axis + len(shape) if axis < 0 else axis
+        if not 0 <= axis < len(shape) or len(splits) != ctx.num_outputs:
+            reason = f"splits {splits} on axis {axis} for {ctx.num_outputs} outputs"
+            raise ctx.unsupported(reason) from InferenceFailed(reason)
+        if sum(splits) != shape[axis] or min(splits) < 1:
+            reason = f"splits {splits} do not cut axis {axis} of {list(shape)}"
+            raise ctx.unsupported(reason) from InferenceFailed(reason)
+        ctx.correct_outputs(
+            [
+                TensorSpec((*shape[:axis], part, *shape[axis + 1 :]), x.dtype)
+                for part in splits
+            ]
+        )
+        attrs.update(axis=axis, splits=splits)
+    else:
+        ctx.correct_outputs([TensorSpec(shape, x.dtype)])
+    return Call("matmul_bias", (0, 1, 2), attrs)
 
 
 @private_rule("AddLayerNormalization", "LayerNormalization", attrs=("axis", "epsilon"))

@@ -261,10 +261,72 @@ def test_biases_merge_where_every_product_has_one() -> None:
     del model.graph.output[2]
     done = rewrite(model)
     ops = [n.op_type for n in done.model.graph.node]
-    # the merged bias add then joins the merged product (see _epilogue)
-    assert ops == ["MatMulBias", "Split", "MatMul"]
-    assert list(done.model.graph.node[1].output) == ["ya", "yb"]
+    # the merged bias add then joins the merged product, and the Split too:
+    # the product's parts are the fused node's outputs (see _epilogue)
+    assert ops == ["MatMulBias", "MatMul"]
+    fused = done.model.graph.node[0]
+    assert list(fused.output) == ["ya", "yb"]
+    attrs = {a.name: helper.get_attribute_value(a) for a in fused.attribute}
+    assert (attrs["axis"], list(attrs["splits"])) == (-1, [3, 5])
     _check(model, {**_feeds()})
+
+
+def _split_product(
+    axis: int, sizes: list[int] | None, x_shape: list[int], width: int
+) -> onnx.ModelProto:
+    """x @ w + b, then a Split of the sum (sizes as an input, or equal)."""
+    rng = np.random.default_rng(12)
+    w = rng.standard_normal((x_shape[-1], width)).astype(np.float32)
+    b = rng.standard_normal(width).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    count = len(sizes) if sizes else 3
+    outputs = [f"y{i}" for i in range(count)]
+    split_inputs = ["s"]
+    if sizes:
+        inits.append(numpy_helper.from_array(np.array(sizes, np.int64), "sizes"))
+        split_inputs.append("sizes")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["p"], name="qkv"),
+        helper.make_node("Add", ["p", "b"], ["s"], name="qkv_bias"),
+        helper.make_node("Split", split_inputs, outputs, axis=axis, name="split"),
+    ]
+    if not sizes:  # opset 18 on: the parts' count, equal widths
+        nodes[-1].attribute.append(helper.make_attribute("num_outputs", count))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["d"]) for o in outputs],
+        inits,
+    )
+    return model_of(graph, 18 if not sizes else 17)
+
+
+@pytest.mark.parametrize(
+    ("axis", "sizes", "x_shape", "width"),
+    [
+        (2, [4, 4, 4], [2, 5, 6], 12),  # GPT-2's c_attn: the axis counted
+        (-1, None, [5, 6], 9),  # equal parts, the count given
+        (0, [1, 3], [4, 5, 6], 4),  # not the last axis, as wide as it
+    ],
+)
+def test_a_split_of_the_product_becomes_the_fused_nodes_outputs(
+    axis: int, sizes: list[int] | None, x_shape: list[int], width: int
+) -> None:
+    model = _split_product(axis, sizes, x_shape, width)
+    ops = [n.op_type for n in rewrite(model).model.graph.node]
+    assert ops == ["MatMulBias"]
+    rng = np.random.default_rng(13)
+    _check(model, {"x": rng.standard_normal(x_shape).astype(np.float32)})
+
+
+def test_a_split_that_does_not_cut_the_product_stays() -> None:
+    # sizes summing to other than the product's width: left to the Split
+    model = _split_product(1, [2, 3], [2, 5, 6], 4)
+    ops = [n.op_type for n in rewrite(model).model.graph.node]
+    assert ops == ["MatMulBias", "Split"]
+    rng = np.random.default_rng(14)
+    _check(model, {"x": rng.standard_normal((2, 5, 6)).astype(np.float32)})
 
 
 def test_a_product_that_is_a_graph_output_keeps_its_bias_add() -> None:
@@ -279,7 +341,10 @@ def test_the_encoder_block_merges_its_q_k_v_projections() -> None:
 
     done = rewrite(encoder_block())
     assert done.merged == 3
-    assert [n.op_type for n in done.model.graph.node].count("Split") == 1
+    # one product, its three parts the fused node's outputs: no Split left
+    (qkv,) = [n for n in done.model.graph.node if len(n.output) == 3]
+    assert qkv.op_type == "MatMulBias"
+    assert [n.op_type for n in done.model.graph.node].count("Split") == 0
 
 
 def _hard_swish(x: str, y: str) -> onnx.NodeProto:

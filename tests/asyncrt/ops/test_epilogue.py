@@ -51,6 +51,37 @@ def _run(kernel: Any, bound: bool, *arrays: np.ndarray[Any, Any]) -> None:
         kernel(*arrays)
 
 
+@pytest.mark.parametrize("constant", [frozenset({1}), frozenset()])
+@pytest.mark.parametrize(
+    ("axis", "splits", "activation"),
+    [(-1, [40, 40, 48], "none"), (2, [3, 125], "relu"), (0, [1, 2], "none")],
+)
+def test_matmul_bias_writes_a_split_products_parts(
+    constant: frozenset[int], axis: int, splits: list[int], activation: str
+) -> None:
+    # each part its own packed product where the weights are a float32
+    # parameter (the last axis), else the whole product and a copy a part:
+    # either way the parts of the unsplit kernel's output, bit for bit
+    a, w, bias = _float(3, 17, 40), _float(40, 128), _float(128)
+    whole = np.empty((3, 17, 128), np.float32)
+    single = _op("matmul_bias", activation=activation)
+    single.bind(a, w, bias, whole, constant=constant)()
+    cuts = np.cumsum(splits)[:-1]
+    want = np.split(whole, cuts, axis=axis)
+    outs = [np.full(part.shape, np.nan, np.float32) for part in want]
+    kernel = _op("matmul_bias", activation=activation, axis=axis, splits=splits)
+    kernel.bind(a, w, bias, *outs, constant=constant)()
+    for got, part in zip(outs, want, strict=True):
+        np.testing.assert_array_equal(got, part)
+
+
+def test_matmul_bias_refuses_outputs_that_do_not_match_its_splits() -> None:
+    kernel = _op("matmul_bias", activation="none", axis=-1, splits=[2, 2])
+    a, w, bias = _float(3, 4), _float(4, 4), _float(4)
+    with pytest.raises(ValueError, match="1 outputs for splits"):
+        kernel.bind(a, w, bias, np.empty((3, 4), np.float32))
+
+
 @pytest.mark.parametrize("bound", [False, True])
 @pytest.mark.parametrize("compiled", ENGINES)
 @pytest.mark.parametrize("activation", ["none", "gelu"])
