@@ -52,7 +52,7 @@ MIN_WORK_PER_THREAD = 2_000_000
 _SOURCE = """
 KH, KW, SH, SW, DH, DW, LANES = {geometry}
 ACTIVATION = "{activation}"
-GROUP = {group}
+GROUP = 4{group}
 
 
 class _Plane:

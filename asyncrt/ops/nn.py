@@ -50,6 +50,7 @@ from . import (
     _poolvector,
     _row_chunks,
     _scratch,
+    _stemrows,
     _stemvector,
     _winograd,
 )
@@ -340,6 +341,21 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
                 geometry.dilations,
                 activation=activation,
                 constant_weights=1 in constant,
+            )
+        if (
+            out.size
+            and 1 in constant
+            and _stemrows.takes(x, w, out, group, geometry.strides)
+        ):
+            return _stemrows.bind(
+                x,
+                w,
+                rest[0] if has_bias else None,
+                out,
+                geometry.strides,
+                geometry.padding(x.shape[2:], out.shape[2:])[0],
+                geometry.dilations,
+                activation=activation,
             )
         if out.size and _depthwise.groups(xp, x, w, out, group):
             return by_groups(x, w, *rest)
