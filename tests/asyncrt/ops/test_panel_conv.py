@@ -98,6 +98,34 @@ def test_chunks_of_wider_rows(monkeypatch: pytest.MonkeyPatch, threads: int) -> 
     assert np.isnan(planes[1, :, :40]).all() and np.isnan(planes[1, :, 110:]).all()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("positions", [57, 5])  # 32 + 16 + 8 + a lone one; lone
+def test_depth_chunks_continue_each_sum(
+    monkeypatch: pytest.MonkeyPatch, threads: int, positions: int
+) -> None:
+    # the partial sums kept in out between chunks, the bias and activation
+    # applied after the last one: a block's cells are the unchunked bits, a
+    # lone position's column adds its partial sums in another order
+    monkeypatch.setattr(_threads.limits, "threads", threads)
+    monkeypatch.setattr(_panel_conv, "MIN_PARALLEL_WORK", 0)
+    w, x, bias = _f(20, 37), _f(2, 37, positions), _f(20)
+    whole = np.empty((2, 20, positions), np.float32)
+    _panel_conv.bind(w, x, whole, bias=bias, relu=True)()  # depth 37: whole
+    monkeypatch.setattr(_panel_conv, "CHUNKED_DEPTH", 16)
+    monkeypatch.setattr(_panel_conv, "DEPTH_CHUNK", 5)
+    _panel_conv._kernel_address.cache_clear()
+    try:
+        chunked = np.full((2, 20, positions), np.nan, np.float32)
+        call = _panel_conv.bind(w, x, chunked, bias=bias, relu=True)
+        call()
+        call()  # (the partial sums start again on every call)
+    finally:
+        _panel_conv._kernel_address.cache_clear()
+    _close(chunked, _want(w, x, bias, relu=True))
+    blocks = positions - positions % 8 if positions >= 8 else 0
+    np.testing.assert_array_equal(chunked[..., :blocks], whole[..., :blocks])
+
+
 @pytest.mark.parametrize("positions", [70, 1])  # blocks of vectors; lone columns
 @pytest.mark.parametrize(
     ("bias", "activation"),
