@@ -5,13 +5,17 @@ time, each chunk multiplied while it is in cache.
 copy per kernel tap, then runs one GEMM. For a large one that is slow
 twice: ResNet's stem (3 -> 64 channels, 7 x 7 at stride 2, 224 x 224)
 writes 7.4 MB of columns through 49 strided copies (1.2 ms of its 2.7),
-and its GEMM then reads them back from memory. Here the padded input is
-split into its stride phases once (a numpy copy per phase), a compiled
-loop (:func:`_gather_rows`) copies each tap's rows of a chunk of output
-rows into a column matrix of about :data:`CHUNK_BYTES`, and BLAS writes
-that chunk's columns of the output (``out`` viewed ``(M, rows * width)``,
-at its row stride). The bias and activation follow in one pass
-(:mod:`asyncrt.ops._conv_epilogue`).
+and its GEMM then reads them back from memory. Here the input is split into
+the padded input's stride phases once (:func:`_split_phases`, its pads
+zero), a compiled loop (:func:`_gather_rows`) copies each tap's rows of a
+chunk of output rows into a column matrix of about :data:`CHUNK_BYTES`,
+and BLAS writes that chunk's columns of the output (``out`` viewed ``(M,
+rows * width)``, at its row stride). The bias and activation follow in one
+pass (:mod:`asyncrt.ops._conv_epilogue`). Both copies are split over the
+kernel threads by input channels: on one thread they took as long as the
+chunk's product on two (ResNet-18's stride-2 layers, two threads, the
+same bits: 64 -> 128 channels at 56 x 56 866-880 -> 705 us, 128 -> 256 at
+28 x 28 738 -> 655-664, 256 -> 512 at 14 x 14 699 -> 679-690).
 
 Measured on one thread (``bench/bench_ops.py``), ResNet's stem 3.3-3.4 ->
 2.8 ms and 128 -> 256 channels at stride 2, 28 x 28, 1.34-1.41 -> 1.30-1.32
@@ -32,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _jit, _panel_conv, _team_blas
+from . import _jit, _panel_conv, _team_blas, _team_parts
 from ._common import Array
 from ._conv_epilogue import bind_bias_activation
 
@@ -53,27 +57,69 @@ MIN_DEPTH = 64
 #: 7 x 7 and 256 of 14 x 14 (a GEMM per image reads all the weights for 49
 #: or 196 columns).
 GROUP_MAX_POSITIONS = 100
+#: Cells a thread of the part pool copies at least before the phases and
+#: columns are split over it (the native team's threshold:
+#: :data:`asyncrt.ops._team_parts.MIN_TEAM_WORK`).
+MIN_WORK_PER_THREAD = 1_000_000
 GROUP_BYTES = 1 << 23
 _DTYPES = _jit.FLOATS
+
+
+def _split_phases(  # pragma: no cover - compiled by numba
+    x: Any,
+    phases: Any,
+    first: int,
+    last: int,
+    stride_h: int,
+    stride_w: int,
+    pad_h: int,
+    pad_w: int,
+) -> None:
+    """Channels ``first:last`` of ``phases (C, SH * SW, PH, PW)``: plane ``a
+    * SW + e`` holds the padded input's cells at row offset ``a`` and
+    column offset ``e`` modulo the strides, ``x (C, H, W)``'s or zero."""
+    height, width = x.shape[1], x.shape[2]
+    rows, columns = phases.shape[2], phases.shape[3]
+    for c in range(first, last):
+        for a in range(stride_h):
+            for e in range(stride_w):
+                plane = a * stride_w + e
+                shift = e - pad_w
+                # the phase's columns whose cell is inside x: j0 <= j < j1
+                j0 = min(columns, max(0, (stride_w - 1 - shift) // stride_w))
+                j1 = max(j0, min(columns, (width - 1 - shift) // stride_w + 1))
+                for i in range(rows):
+                    h = i * stride_h + a - pad_h
+                    if h < 0 or h >= height:
+                        for j in range(columns):
+                            phases[c, plane, i, j] = 0.0
+                        continue
+                    for j in range(j0):
+                        phases[c, plane, i, j] = 0.0
+                    for j in range(j0, j1):
+                        phases[c, plane, i, j] = x[c, h, j * stride_w + shift]
+                    for j in range(j1, columns):
+                        phases[c, plane, i, j] = 0.0
 
 
 def _gather_rows(  # pragma: no cover - compiled by numba
     phases: Any,
     cols: Any,
     taps: Any,
+    first: int,
+    last: int,
     first_row: int,
     rows: int,
     out_w: int,
 ) -> None:
     """``cols[c * T + t, r * out_w + q] = phases[c, plane_t, first_row + r +
-    dy_t, dx_t + q]`` for ``rows`` output rows, ``taps[t] = (plane_t, dy_t,
-    dx_t)``."""
-    channels = np.uint64(phases.shape[0])
+    dy_t, dx_t + q]`` for channels ``first:last`` and ``rows`` output rows,
+    ``taps[t] = (plane_t, dy_t, dx_t)``."""
     count = np.uint64(taps.shape[0])
     width = np.uint64(out_w)
     # Unsigned indices: numba wraps negative signed ones (no vectors), and
     # no views: numba counts every view's references (atomics).
-    for c in range(channels):
+    for c in range(np.uint64(first), np.uint64(last)):
         for t in range(count):
             plane = np.uint64(taps[t, 0])
             dy = np.uint64(taps[t, 1])
@@ -125,7 +171,7 @@ def bind_row_chunks(
         life (a parameter): float32 chunks multiply by weights packed once
         (:mod:`asyncrt.ops._panel_conv`), each chunk's product bound now.
     """
-    n, c, height, width = x.shape
+    n, c = x.shape[:2]
     m, _, k_h, k_w = w.shape
     out_h, out_w = out.shape[2:]
     (s_h, s_w), (d_h, d_w), (p_h, p_w) = strides, dilations, begin
@@ -133,16 +179,7 @@ def bind_row_chunks(
     # the strides; a tap reads a window of one phase.
     phase_h = out_h + (k_h - 1) * d_h // s_h
     phase_w = out_w + (k_w - 1) * d_w // s_w
-    padded = np.zeros((c, phase_h * s_h, phase_w * s_w), x.dtype)
-    rows_in = min(height, padded.shape[1] - p_h)
-    cols_in = min(width, padded.shape[2] - p_w)
-    interior = padded[:, p_h : p_h + rows_in, p_w : p_w + cols_in]
     phases = np.empty((c, s_h * s_w, phase_h, phase_w), x.dtype)
-    picks = [
-        (phases[:, a * s_w + e], padded[:, a::s_h, e::s_w])
-        for a in range(s_h)
-        for e in range(s_w)
-    ]
     taps = np.array(
         [
             (
@@ -162,16 +199,35 @@ def bind_row_chunks(
     planes = out.reshape(n, m, out_h * out_w)
     chunks = [(top, min(rows, out_h - top)) for top in range(0, out_h, rows)]
     gather = _jit.compile_kernel(_gather_rows)
-    _jit.specialise(gather, (phases, cols, taps, 0, rows, out_w))
     bias_view = None if bias is None else bias.reshape(1, m, 1, 1)
     epilogue = bind_bias_activation(np, out, bias_view, out, activation)
     copyto, matmul = np.copyto, _team_blas.matmul
+    # The phases and each chunk's columns, compiled passes split over the
+    # kernel threads by input channels (one thread took as long as the
+    # chunk's GEMM on two: 64 -> 128 channels at stride 2, 56 x 56).
+    by_channel = _team_parts.shares(
+        c, c * phase_h * phase_w * s_h * s_w, MIN_WORK_PER_THREAD
+    )
+    splits = [
+        _jit.bind_parts(
+            _jit.compile_kernel(_split_phases),
+            (x[image], phases),
+            by_channel,
+            trailing=(s_h, s_w, p_h, p_w),
+        )
+        for image in range(n)
+    ]
 
     def split(image: int) -> None:
         """The image's padded cells into their phases."""
-        copyto(interior, x[image, :, :rows_in, :cols_in])
-        for phase, pick in picks:
-            copyto(phase, pick)
+        splits[image]()
+
+    def gather_into(target: Array, top: int, count: int) -> Callable[[], None]:
+        """The columns of output rows ``top : top + count`` into ``target``."""
+        shares = _team_parts.shares(c, depth * count * out_w, MIN_WORK_PER_THREAD)
+        return _jit.bind_parts(
+            gather, (phases, target, taps), shares, trailing=(top, count, out_w)
+        )
 
     positions = out_h * out_w
     group = 1
@@ -184,14 +240,14 @@ def bind_row_chunks(
         cols = np.empty((depth, group * positions), x.dtype)
         result = np.empty((m, group * positions), x.dtype)
         views = [cols[:, i * positions : (i + 1) * positions] for i in range(group)]
-        _jit.specialise(gather, (phases, views[0], taps, 0, out_h, out_w))
+        gathers = [gather_into(view, 0, out_h) for view in views]
 
         def grouped() -> None:
             for start in range(0, n, group):
                 size = min(group, n - start)
                 for i in range(size):
                     split(start + i)
-                    gather(phases, views[i], taps, 0, out_h, out_w)
+                    gathers[i]()
                 span = size * positions
                 matmul(weights, cols[:, :span], out=result[:, :span])
                 products = result[:, :span].reshape(m, size, positions)
@@ -223,13 +279,14 @@ def bind_row_chunks(
         return functools.partial(matmul, weights, matrix, out=into)
 
     products = [[product(i, top, count) for top, count in chunks] for i in range(n)]
+    gathers = [gather_into(cols, top, count) for top, count in chunks]
     after = None if finished[0] else epilogue
 
     def row_chunks() -> None:
         for image, multiplies in enumerate(products):
             split(image)
-            for (top, count), multiply in zip(chunks, multiplies, strict=True):
-                gather(phases, cols, taps, top, count, out_w)
+            for fill, multiply in zip(gathers, multiplies, strict=True):
+                fill()
                 multiply()
         if after is not None:
             after()

@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt.ops import _row_chunks
+from asyncrt.ops import _row_chunks, _team_parts
 
 from .conv_reference import conv_kernel, conv_reference
+from .team_split import split_everywhere
 
 pytest.importorskip("numba")
 
@@ -88,6 +89,36 @@ def test_row_chunks_match_the_reference(
     tolerance = 1e-5 if dtype == np.float32 else 1e-12
     scale = float(np.abs(want).max())
     np.testing.assert_allclose(out, want, rtol=tolerance, atol=tolerance * scale)
+
+
+@pytest.mark.parametrize(("xs", "ws", "strides", "pads", "dilations"), CASES)
+def test_phases_and_columns_split_by_channels_are_the_same_cells(
+    monkeypatch: pytest.MonkeyPatch,
+    xs: tuple[int, ...],
+    ws: tuple[int, ...],
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+) -> None:
+    # the phases and each chunk's columns written by channel shares on the
+    # native team (the part pool where there is none): the one-share bits
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    kernel = conv_kernel(list(ws[2:]), strides, pads, dilations, 1, bias=False)
+    want = conv_reference(x, w, None, 1, strides, pads, dilations)
+    whole = np.empty(want.shape, np.float32)
+    kernel.bind(x, w, whole)()
+    split_everywhere(monkeypatch, _row_chunks)
+    monkeypatch.setattr(_row_chunks, "CHUNK_BYTES", 1)  # a chunk a row
+    shared = np.full(want.shape, np.nan, np.float32)
+    kernel.bind(x, w, shared)()
+    one_row = np.empty(want.shape, np.float32)
+    monkeypatch.setattr(_team_parts, "MIN_TEAM_WORK", 1 << 62)
+    monkeypatch.setattr(_row_chunks, "MIN_WORK_PER_THREAD", 1 << 62)
+    kernel.bind(x, w, one_row)()  # the same chunks, unsplit
+    np.testing.assert_array_equal(shared, one_row)
+    np.testing.assert_allclose(shared, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_shallow_grouped_and_foreign_arrays_keep_the_whole_matrix() -> None:
