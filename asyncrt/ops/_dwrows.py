@@ -146,61 +146,36 @@ def _typed(x, w, bias, out):
     return all(_is_float_array(a, ndim) for a, ndim in arrays)
 
 
-@intrinsic
-def rows_(typingctx, x, w, bias, out, n, c, i, j0, top, left):
-    # out[n, c, i:i + GROUP, j0:j0 + LANES], every tap inside x
-    if not _typed(x, w, bias, out):
-        return None
+def _row_vectors(count, reach):
+    # an intrinsic (x, w, bias, out, n, c, i, j0, top, left): out[n, c,
+    # i:i + count, j0:j0 + LANES], reach as _Plane.sums has it; where
+    # something may reach past x, only the lanes inside out's width stored
+    def vectors_(typingctx, x, w, bias, out, n, c, i, j0, top, left):
+        if not _typed(x, w, bias, out):
+            return None
 
-    def codegen(context, builder, signature, args):
-        plane = _Plane(context, builder, signature, args)
-        e = plane.e
-        rows = [builder.add(plane.i, e.const(g)) for g in range(GROUP)]
-        for i, total in zip(rows, plane.sums(rows, "")):
-            e.store(total, plane.out, plane.cell(i))
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            plane = _Plane(context, builder, signature, args)
+            e = plane.e
+            rows = [builder.add(plane.i, e.const(g)) for g in range(count)]
+            mask = e.lanes_between(plane.j0, plane.out_w) if reach else None
+            for i, total in zip(rows, plane.sums(rows, reach)):
+                if mask is None:
+                    e.store(total, plane.out, plane.cell(i))
+                else:
+                    e.masked_store(total, plane.out, plane.cell(i), mask)
+            return context.get_dummy_value()
 
-    intp = types.intp
-    return types.none(x, w, bias, out, intp, intp, intp, intp, intp, intp), codegen
+        return types.none(x, w, bias, out, *[types.intp] * 6), codegen
 
-
-@intrinsic
-def rows_masked_(typingctx, x, w, bias, out, n, c, i, j0, top, left):
-    # out[n, c, i:i + GROUP, j0:j0 + LANES] (the lanes inside out's width),
-    # every tap's row inside x, columns outside it zero
-    if not _typed(x, w, bias, out):
-        return None
-
-    def codegen(context, builder, signature, args):
-        plane = _Plane(context, builder, signature, args)
-        e = plane.e
-        rows = [builder.add(plane.i, e.const(g)) for g in range(GROUP)]
-        mask = e.lanes_between(plane.j0, plane.out_w)
-        for i, total in zip(rows, plane.sums(rows, "columns")):
-            e.masked_store(total, plane.out, plane.cell(i), mask)
-        return context.get_dummy_value()
-
-    intp = types.intp
-    return types.none(x, w, bias, out, intp, intp, intp, intp, intp, intp), codegen
+    return intrinsic(vectors_)
 
 
-@intrinsic
-def row_edge_(typingctx, x, w, bias, out, n, c, i, j0, top, left):
-    # out[n, c, i, j0:j0 + LANES] (the lanes inside out's width), taps
-    # outside x zero
-    if not _typed(x, w, bias, out):
-        return None
-
-    def codegen(context, builder, signature, args):
-        plane = _Plane(context, builder, signature, args)
-        e = plane.e
-        (total,) = plane.sums([plane.i], "rows")
-        mask = e.lanes_between(plane.j0, plane.out_w)
-        e.masked_store(total, plane.out, plane.cell(plane.i), mask)
-        return context.get_dummy_value()
-
-    intp = types.intp
-    return types.none(x, w, bias, out, intp, intp, intp, intp, intp, intp), codegen
+# GROUP rows every tap inside x; GROUP rows, columns reaching past it; a
+# row anywhere
+rows_ = _row_vectors(GROUP, "")
+rows_masked_ = _row_vectors(GROUP, "columns")
+row_edge_ = _row_vectors(1, "rows")
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)

@@ -125,32 +125,24 @@ def _emit_block(context, builder, signature, args, masked):
             e.store(value, out, cell)
 
 
-@intrinsic
-def block_(typingctx, phases, w, bias, out, n, i, j0, c0):
-    # a whole block: every lane and channel inside out
-    if not _typed(phases, w, bias, out):
-        return None
+def _block(masked):
+    # an intrinsic (phases, w, bias, out, n, i, j0, c0): _emit_block's
+    # block, masked or whole (every lane and channel inside out)
+    def block_(typingctx, phases, w, bias, out, n, i, j0, c0):
+        if not _typed(phases, w, bias, out):
+            return None
 
-    def codegen(context, builder, signature, args):
-        _emit_block(context, builder, signature, args, masked=False)
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            _emit_block(context, builder, signature, args, masked=masked)
+            return context.get_dummy_value()
 
-    intp = types.intp
-    return types.none(phases, w, bias, out, intp, intp, intp, intp), codegen
+        return types.none(phases, w, bias, out, *[types.intp] * 4), codegen
+
+    return intrinsic(block_)
 
 
-@intrinsic
-def block_masked_(typingctx, phases, w, bias, out, n, i, j0, c0):
-    # a block at the end of a row or past the last channel
-    if not _typed(phases, w, bias, out):
-        return None
-
-    def codegen(context, builder, signature, args):
-        _emit_block(context, builder, signature, args, masked=True)
-        return context.get_dummy_value()
-
-    intp = types.intp
-    return types.none(phases, w, bias, out, intp, intp, intp, intp), codegen
+# a whole block; one at the end of a row or past the last channel
+block_, block_masked_ = _block(False), _block(True)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)

@@ -93,3 +93,22 @@ def activate(a: np.ndarray[Any, Any], activation: str) -> np.ndarray[Any, Any]:
     if activation == "hard_swish":
         return a * np.clip(a / 6 + 0.5, 0, 1)
     return a
+
+
+def activated_reference(
+    x: np.ndarray[Any, Any],
+    w: np.ndarray[Any, Any],
+    b: np.ndarray[Any, Any] | None,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    activation: str,
+    *,
+    depthwise: bool = False,
+) -> np.ndarray[Any, Any]:
+    """The float64 reference through ``activation``: one group, or a group
+    per channel (``depthwise``)."""
+    group = x.shape[1] if depthwise else 1
+    return activate(
+        conv_reference(x, w, b, group, strides, pads, dilations), activation
+    )

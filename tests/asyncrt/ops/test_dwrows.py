@@ -13,23 +13,10 @@ import pytest
 
 from asyncrt.ops import _depthwise, _dwrows, _dwvector
 
-from .conv_reference import activate, conv_reference
+from .conv_reference import activated_reference
 from .team_split import assert_activation_is_the_pass, split_everywhere
 
 pytest.importorskip("numba")
-
-
-def _reference(
-    x: np.ndarray[Any, Any],
-    w: np.ndarray[Any, Any],
-    b: np.ndarray[Any, Any] | None,
-    strides: list[int],
-    pads: list[int],
-    dilations: list[int],
-    activation: str,
-) -> np.ndarray[Any, Any]:
-    want = conv_reference(x, w, b, x.shape[1], strides, pads, dilations)
-    return activate(want, activation)
 
 
 def _bind(
@@ -89,7 +76,9 @@ def test_the_row_vectors_match_the_reference(
     x = (rng.standard_normal(shape) * 4).astype(np.float32)
     w = rng.standard_normal((shape[1], 1, *kernel)).astype(np.float32)
     b = rng.standard_normal(shape[1]).astype(np.float32)
-    want = _reference(x, w, b, strides, pads, dilations, activation)
+    want = activated_reference(
+        x, w, b, strides, pads, dilations, activation, depthwise=True
+    )
     out = np.full(want.shape, np.nan, np.float32)
     call = _bind(x, w, b, out, strides, pads, dilations, activation)
     call()
@@ -97,7 +86,9 @@ def test_the_row_vectors_match_the_reference(
     w[...] *= -1  # weights that are inputs are read anew on every call
     b[...] += 1
     call()
-    want = _reference(x, w, b, strides, pads, dilations, activation)
+    want = activated_reference(
+        x, w, b, strides, pads, dilations, activation, depthwise=True
+    )
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
@@ -171,11 +162,15 @@ def test_a_strided_bias_is_read_on_every_call() -> None:
     out = np.empty((1, 4, 18, 18), np.float32)
     call = _bind(x, w, b, out, [1, 1], [1, 1, 1, 1], [1, 1])
     call()
-    want = _reference(x, w, b, [1, 1], [1, 1, 1, 1], [1, 1], "none")
+    want = activated_reference(
+        x, w, b, [1, 1], [1, 1, 1, 1], [1, 1], "none", depthwise=True
+    )
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     pairs[::2] = 5.0
     call()
-    want = _reference(x, w, b, [1, 1], [1, 1, 1, 1], [1, 1], "none")
+    want = activated_reference(
+        x, w, b, [1, 1], [1, 1, 1, 1], [1, 1], "none", depthwise=True
+    )
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 

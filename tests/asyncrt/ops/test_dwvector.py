@@ -5,14 +5,12 @@ every activation, and its scratch buffers shared with other kernels."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 from asyncrt.ops import _dwvector, _scratch
 
-from .conv_reference import activate, conv_reference
+from .conv_reference import activated_reference
 from .team_split import assert_activation_is_the_pass, split_everywhere
 
 pytest.importorskip("numba")
@@ -59,19 +57,6 @@ def test_the_layout_copy_is_exact_and_zeroes_the_pads(
     np.testing.assert_array_equal(out, pixels[..., :c].transpose(0, 3, 1, 2))
 
 
-def _reference(
-    x: np.ndarray[Any, Any],
-    w: np.ndarray[Any, Any],
-    b: np.ndarray[Any, Any] | None,
-    strides: list[int],
-    pads: list[int],
-    dilations: list[int],
-    activation: str,
-) -> np.ndarray[Any, Any]:
-    want = conv_reference(x, w, b, x.shape[1], strides, pads, dilations)
-    return activate(want, activation)
-
-
 # Each geometry with one activation (every activation and geometry
 # compiles a loop of its own: about half a second each on a cold cache).
 @pytest.mark.parametrize("split", [False, True])
@@ -105,7 +90,9 @@ def test_the_vector_sums_match_the_reference_at_both_widths(
     x = (rng.standard_normal(shape) * 4).astype(np.float32)
     w = rng.standard_normal((shape[1], 1, *kernel)).astype(np.float32)
     b = rng.standard_normal(shape[1]).astype(np.float32)
-    want = _reference(x, w, b, strides, pads, dilations, activation)
+    want = activated_reference(
+        x, w, b, strides, pads, dilations, activation, depthwise=True
+    )
     out = np.full(want.shape, np.nan, np.float32)
     call = _dwvector.bind(
         x,
@@ -121,7 +108,9 @@ def test_the_vector_sums_match_the_reference_at_both_widths(
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     w[...] *= -1  # weights that are inputs are read anew on every call
     call()
-    want = _reference(x, w, b, strides, pads, dilations, activation)
+    want = activated_reference(
+        x, w, b, strides, pads, dilations, activation, depthwise=True
+    )
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
@@ -147,7 +136,9 @@ def test_a_call_after_other_kernels_wrote_the_scratch_is_still_right() -> None:
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 24, 7, 7)).astype(np.float32)
     w = rng.standard_normal((24, 1, 5, 5)).astype(np.float32)
-    want = _reference(x, w, None, [1, 1], [2, 2, 2, 2], [1, 1], "none")
+    want = activated_reference(
+        x, w, None, [1, 1], [2, 2, 2, 2], [1, 1], "none", depthwise=True
+    )
     out = np.empty(want.shape, np.float32)
     call = _dwvector.bind(
         x, w, None, out, (1, 1), (2, 2), (1, 1), constant_weights=True

@@ -13,22 +13,10 @@ import pytest
 
 from asyncrt.ops import _stemrows, lookup
 
-from .conv_reference import activate, conv_reference
+from .conv_reference import activated_reference
 from .team_split import split_everywhere
 
 pytest.importorskip("numba")
-
-
-def _reference(
-    x: np.ndarray[Any, Any],
-    w: np.ndarray[Any, Any],
-    b: np.ndarray[Any, Any] | None,
-    strides: list[int],
-    pads: list[int],
-    dilations: list[int],
-    activation: str,
-) -> np.ndarray[Any, Any]:
-    return activate(conv_reference(x, w, b, 1, strides, pads, dilations), activation)
 
 
 # Each geometry with one activation (each compiles a loop of its own).
@@ -63,7 +51,7 @@ def test_the_rows_match_the_reference(
     x = (rng.standard_normal(shape) * 3).astype(np.float32)
     w = rng.standard_normal((outputs, shape[1], *kernel)).astype(np.float32)
     b = rng.standard_normal(outputs).astype(np.float32)
-    want = _reference(x, w, b, strides, pads, dilations, activation)
+    want = activated_reference(x, w, b, strides, pads, dilations, activation)
     out = np.full(want.shape, np.nan, np.float32)
     call = _stemrows.bind(
         x,
@@ -80,7 +68,7 @@ def test_the_rows_match_the_reference(
     x[...] *= -1  # the input and the bias are read on every call
     b[...] += 1
     call()
-    want = _reference(x, w, b, strides, pads, dilations, activation)
+    want = activated_reference(x, w, b, strides, pads, dilations, activation)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
 
 
@@ -153,7 +141,7 @@ def test_the_library_binds_a_stem_of_parameters_here(
     out = np.empty((1, 24, 9, 9), np.float32)
     kernel.bind(x, w, b, out, constant=frozenset({1, 2}))()
     assert taken == [True]
-    want = _reference(x, w, b, [2, 2], [1, 1, 1, 1], [1, 1], "relu")
+    want = activated_reference(x, w, b, [2, 2], [1, 1, 1, 1], [1, 1], "relu")
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
     kernel.bind(x, w, b, out)()  # weights computed by the graph: elsewhere
     assert taken == [True]
