@@ -64,7 +64,7 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
-from . import _epijit, _jit, _panel_gemm, _team_blas, _team_parts
+from . import _batched_gemm, _epijit, _jit, _panel_gemm, _team_blas, _team_parts
 from ._builtin import SOFTMAX_SPLIT_ELEMENTS, bind_matmul
 from ._common import BOUND_SCRATCH_BYTES, Array, choice, flag, integer, ints, number
 from ._kernels import Bindable
@@ -525,6 +525,9 @@ def _matmul_views(xp: ModuleType, attrs: Attrs) -> Kernel:
                 xp.copyto(result, matmul(left, right))
 
             return through_temporary
+        if _batched_gemm.takes(left, right, result, (a, b, out)):
+            # every head on the team, in registers, reading the views
+            return _batched_gemm.bind(left, right, result, (a, b, out))
         if _team_blas.takes(left, right, result):
             # every head on the team, BLAS reading the views as they are
             return _team_blas.bind(left, right, result)
