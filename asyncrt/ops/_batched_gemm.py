@@ -244,4 +244,5 @@ def bind(
         (*flats, packed, geometry),
         shares,
         per_part=frozenset({3}),
+        work=work,
     )

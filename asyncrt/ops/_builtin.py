@@ -361,9 +361,9 @@ def bind_softmax_last_axis(
         )
         if flat.ctypes.data == rows.ctypes.data:  # in place (C-contiguous both)
             kernel = _epijit.loop("softmax_rows_in_place")
-            return _jit.bind_parts(kernel, (rows,), shares)
+            return _jit.bind_parts(kernel, (rows,), shares, work=a.size)
         kernel = _epijit.loop("softmax_rows")
-        return _jit.bind_parts(kernel, (flat, rows), shares)
+        return _jit.bind_parts(kernel, (flat, rows), shares, work=a.size)
     step = max(1, SOFTMAX_BLOCK // width)
     shares = _threads.shares(flat.shape[0], a.size // SOFTMAX_SPLIT_ELEMENTS)
     parts = [_softmax_row_blocks(flat[i:j], rows[i:j], step) for i, j in shares]

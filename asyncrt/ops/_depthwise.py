@@ -448,7 +448,11 @@ def bind_depthwise(
     planar = result.transpose(0, 3, 1, 2)
     geometry = (*strides, *begin, *dilations)
     compute = _jit.bind_parts(
-        kernel, (pixels, taps, shift, result), _shares(out, w, out_h), trailing=geometry
+        kernel,
+        (pixels, taps, shift, result),
+        _shares(out, w, out_h),
+        trailing=geometry,
+        work=out.size * math.prod(w.shape[1:]),
     )
     copyto = np.copyto
     activate = bind_bias_activation(np, out, None, out, activation)
@@ -550,6 +554,7 @@ def _bind_planes(
         shares,
         per_part=frozenset({4, 5}),
         trailing=geometry,
+        work=out.size * math.prod(w.shape[1:]),
     )
     if inside == activation:
         return planar

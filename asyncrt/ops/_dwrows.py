@@ -265,7 +265,9 @@ def bind(
         shift = bias  # read where it is
     work = out.size * k_h * k_w
     shares = _team_parts.shares(channels, work, MIN_WORK_PER_THREAD)
-    compute = _jit.bind_parts(kernel, (x, w, shift, out), shares, trailing=begin)
+    compute = _jit.bind_parts(
+        kernel, (x, w, shift, out), shares, trailing=begin, work=work
+    )
     if bias is None or shift is bias:
         return compute
     copyto, values = np.copyto, bias

@@ -394,7 +394,11 @@ def bind(
             views[:] = [
                 pixels,
                 _jit.bind_parts(
-                    kernel, (x, pixels, taps, shift, out), shares, trailing=begin
+                    kernel,
+                    (x, pixels, taps, shift, out),
+                    shares,
+                    trailing=begin,
+                    work=work,
                 ),
             ]
         compute = views[1]

@@ -159,12 +159,12 @@ def bind_rows(
     (0: a row each)."""
     from . import _team_parts
 
-    if not min_elements:
-        return bind_parts(kernel, arrays, _threads.shares(rows, rows))
     work = rows * row_size
+    if not min_elements:
+        return bind_parts(kernel, arrays, _threads.shares(rows, rows), work=work)
     least = _team_parts.MIN_TEAM_ELEMENTS
     shares = _team_parts.shares(rows, work, min_elements, min_team_work=least)
-    return bind_parts(kernel, arrays, shares)
+    return bind_parts(kernel, arrays, shares, work=work)
 
 
 def bind_parts(
@@ -174,6 +174,7 @@ def bind_parts(
     *,
     per_part: frozenset[int] = frozenset(),
     trailing: tuple[Any, ...] = (),
+    work: float = float("inf"),
 ) -> Callable[[], None]:
     """``kernel(*arrays, first, last, *trailing)`` for every ``(first,
     last)`` of ``shares``, at once, as a call without arguments, compiled
@@ -183,6 +184,10 @@ def bind_parts(
         :func:`compile_kernel`).
     :param per_part: positions in ``arrays`` of scratch arrays with one row
         per share: part ``p`` gets row ``p``.
+    :param work: the call's work (multiply-adds, cells): while other
+        processes crowd the cores, below
+        :data:`asyncrt.runtime._native_team.CROWDED_MIN_WORK` the team's
+        shares run on the calling thread (unknown: on the part pool).
     """
 
     def args(part: int) -> tuple[Any, ...]:
@@ -197,7 +202,7 @@ def bind_parts(
 
     # (the team's wrapper compiles the kernel into its own code: a
     # specialisation for these arrays would be compiled in vain)
-    on_team = _team_parts.bind(kernel, arrays, shares, per_part, trailing)
+    on_team = _team_parts.bind(kernel, arrays, shares, per_part, trailing, work)
     if on_team is not None:
         return on_team
     specialise(kernel, (*args(0), 0, 1, *trailing))

@@ -429,13 +429,14 @@ def bind(
     data = np.array(slots, np.int64)
     address = data.ctypes.data
     held = (packed, x, out, shift)  # (the addresses in data stay valid)
-    large = images * channels * depth * width >= MIN_PARALLEL_WORK
+    work = images * channels * depth * width
+    large = work >= MIN_PARALLEL_WORK
     strips = max(1, width // _WIDE)
 
     def product() -> None:
         if not held[2].size:
             return
-        threads, wanted, crowded = _native_team.share(large)
+        threads, wanted, crowded = _native_team.share(large, work)
         # images first, then runs of channel blocks, then of positions
         per_image = -(-wanted // images)
         block_parts = min(blocks, per_image)

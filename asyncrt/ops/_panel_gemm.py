@@ -409,13 +409,14 @@ def bind(
     )
     address = data.ctypes.data
     held = (rows, panels, cols, shift)  # (the addresses in data stay valid)
-    large = m * depth * cols.shape[1] >= MIN_PARALLEL_WORK
+    work = m * depth * cols.shape[1]
+    large = work >= MIN_PARALLEL_WORK
     most = max(count, -(-m // ROWS))  # (runs of panels, or row blocks)
 
     def product() -> None:
         if not held[0].size:
             return
-        threads, parts, crowded = _native_team.share(large)
+        threads, parts, crowded = _native_team.share(large, work)
         parts = min(parts, most)
         data[0], data[1] = 0, parts
         run(address, min(threads, parts), crowded)

@@ -210,4 +210,6 @@ def bind(
     loop = _kernel((*kernel, *strides, _dwvector.lanes()), reduce)
     work = out.size * kernel[0] * kernel[1]
     shares = _team_parts.shares(n * c, work, MIN_WORK_PER_THREAD)
-    return _jit.bind_parts(loop, (planes, factors, pooled), shares, trailing=begin)
+    return _jit.bind_parts(
+        loop, (planes, factors, pooled), shares, trailing=begin, work=work
+    )

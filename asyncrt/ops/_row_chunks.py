@@ -205,15 +205,15 @@ def bind_row_chunks(
     # The phases and each chunk's columns, compiled passes split over the
     # kernel threads by input channels (one thread took as long as the
     # chunk's GEMM on two: 64 -> 128 channels at stride 2, 56 x 56).
-    by_channel = _team_parts.shares(
-        c, c * phase_h * phase_w * s_h * s_w, MIN_WORK_PER_THREAD
-    )
+    cells = c * phase_h * phase_w * s_h * s_w
+    by_channel = _team_parts.shares(c, cells, MIN_WORK_PER_THREAD)
     splits = [
         _jit.bind_parts(
             _jit.compile_kernel(_split_phases),
             (x[image], phases),
             by_channel,
             trailing=(s_h, s_w, p_h, p_w),
+            work=cells,
         )
         for image in range(n)
     ]
@@ -224,9 +224,14 @@ def bind_row_chunks(
 
     def gather_into(target: Array, top: int, count: int) -> Callable[[], None]:
         """The columns of output rows ``top : top + count`` into ``target``."""
-        shares = _team_parts.shares(c, depth * count * out_w, MIN_WORK_PER_THREAD)
+        cells = depth * count * out_w
+        shares = _team_parts.shares(c, cells, MIN_WORK_PER_THREAD)
         return _jit.bind_parts(
-            gather, (phases, target, taps), shares, trailing=(top, count, out_w)
+            gather,
+            (phases, target, taps),
+            shares,
+            trailing=(top, count, out_w),
+            work=cells,
         )
 
     positions = out_h * out_w

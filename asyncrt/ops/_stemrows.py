@@ -265,11 +265,13 @@ def bind(
         (x, phases),
         _team_parts.shares(rows, phases.size, MIN_WORK_PER_THREAD),
         trailing=begin,
+        work=phases.size,
     )
     compute = _jit.bind_parts(
         sums,
         (phases, packed, shift, out),
         _team_parts.shares(out_h, work, MIN_WORK_PER_THREAD),
+        work=work,
     )
     copyto = np.copyto
 

@@ -277,7 +277,9 @@ def bind(
     loop = _kernel((cin, k_h, k_w, *strides, *dilations, lanes), inside, rows_after)
     work = out.size * cin * k_h * k_w
     shares = _team_parts.shares(out_h, work, MIN_WORK_PER_THREAD)
-    compute = _jit.bind_parts(loop, (x, taps, shift, out), shares, trailing=begin)
+    compute = _jit.bind_parts(
+        loop, (x, taps, shift, out), shares, trailing=begin, work=work
+    )
     copyto = np.copyto
     if constant_weights:
         copyto(own_weights, weights)

@@ -382,6 +382,7 @@ class _Product:
         "_large",
         "_most_blocks",
         "_run",
+        "_work",
     )
 
     def __init__(
@@ -394,13 +395,14 @@ class _Product:
     ) -> None:
         self._run, self._data, self._held, self._count = run, data, held, count
         self._address = int(data.ctypes.data)
-        self._large = count * work >= MIN_TEAM_WORK
+        self._work = count * work
+        self._large = self._work >= MIN_TEAM_WORK
         extent = int(data[4] if data[21] else data[3])  # (columns or rows)
         self._most_blocks = max(1, extent // MIN_ROWS_PER_PART)
 
     def __call__(self) -> None:
         data, count = self._data, self._count
-        threads, wanted, crowded = _native_team.share(self._large)
+        threads, wanted, crowded = _native_team.share(self._large, self._work)
         row_parts = min(self._most_blocks, max(1, -(-wanted // count)))
         data[0], data[1], data[2] = 0, count * row_parts, row_parts
         self._run(self._address, threads, crowded)

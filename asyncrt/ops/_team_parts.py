@@ -217,6 +217,7 @@ def bind(
     shares: Sequence[tuple[int, int]],
     per_part: frozenset[int],
     trailing: tuple[Any, ...],
+    work: float = float("inf"),
 ) -> Callable[[], None] | None:
     """``kernel(*arrays, first, last, *trailing)`` for every share on the
     native team, as a call without arguments; ``None`` where it does not
@@ -224,6 +225,8 @@ def bind(
 
     :param per_part: positions in ``arrays`` of scratch arrays with one row
         per share: share ``p`` gets row ``p``.
+    :param work: the call's work, for :func:`asyncrt.runtime._native_team.share`
+        (small work stays on the calling thread while the cores are crowded).
     """
     if not _native_team.teams_available() or len(shares) < 2:
         return None
@@ -268,7 +271,7 @@ def bind(
 
     def parts() -> None:
         data[0] = 0
-        wanted, _, crowded = _native_team.share(True)
+        wanted, _, crowded = _native_team.share(True, work)
         run(address, min(count, wanted), crowded)
 
     parts.held = held  # type: ignore[attr-defined]

@@ -365,7 +365,7 @@ def _bind_softmax_rows(
         min_team_work=_team_parts.MIN_TEAM_ELEMENTS,
     )
     arrays = (*operands, out.reshape(rows, width), *flags)
-    return _jit.bind_parts(_epijit.loop(name), arrays, shares)
+    return _jit.bind_parts(_epijit.loop(name), arrays, shares, work=out.size)
 
 
 @define("scale_add_softmax", flops=lambda ins, outs: 4.0 * outs[0].size)

@@ -34,11 +34,24 @@ from typing import Any
 
 from . import _part_pool, _threads
 
-__all__ = ("CROWDED_PARTS_PER_THREAD", "launcher", "share", "teams_available", "use")
+__all__ = (
+    "CROWDED_MIN_WORK",
+    "CROWDED_PARTS_PER_THREAD",
+    "launcher",
+    "share",
+    "teams_available",
+    "use",
+)
 
 #: Parts a thread while other processes crowd the cores: a thread the
 #: machine does not run holds up only the part it took.
 CROWDED_PARTS_PER_THREAD = 4
+#: Work (multiply-adds, or a loop's cells) below which a kernel runs on the
+#: calling thread alone while other processes crowd the cores: a pool
+#: thread wakes tens of microseconds late, when the caller has done most
+#: of it, and the hand-off costs more than the help (MobileNetV3 beside a
+#: busy neighbour: 2.6 -> 2.2 ms, its kernels 10-50 us each).
+CROWDED_MIN_WORK = 4_000_000
 
 _WORK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _lock = threading.Lock()
@@ -83,7 +96,7 @@ def teams_available() -> bool:
     return _launched_in == pid
 
 
-def share(large: bool) -> tuple[int, int, bool]:
+def share(large: bool, work: float = float("inf")) -> tuple[int, int, bool]:
     """How the next call of a kernel shares its work under the thread
     limits: ``(threads, parts, crowded)``. A small product (not ``large``)
     runs on the calling thread; a large one on the kernel threads, a part
@@ -92,12 +105,15 @@ def share(large: bool) -> tuple[int, int, bool]:
     <asyncrt.runtime._threads.ThreadLimits.gemm_parts>`) on the part pool,
     :data:`CROWDED_PARTS_PER_THREAD` parts a thread (pass ``crowded`` on to
     :func:`launcher`'s call). A kernel takes fewer parts where its work
-    has fewer."""
+    has fewer. While crowded, ``work`` below :data:`CROWDED_MIN_WORK` runs
+    on the calling thread."""
     if not large:
         return 1, 1, False
     limits = _threads.limits
     crowding = limits.gemm_parts
     if crowding > 1:
+        if work < CROWDED_MIN_WORK:
+            return 1, 1, False
         return crowding, CROWDED_PARTS_PER_THREAD * crowding, True
     return limits.threads, limits.threads, False
 

@@ -94,6 +94,11 @@ def test_how_a_call_shares_its_work(monkeypatch: pytest.MonkeyPatch) -> None:
     parts = 2 * _native_team.CROWDED_PARTS_PER_THREAD
     assert _native_team.share(True) == (2, parts, True)
     assert _native_team.share(False) == (1, 1, False)
+    # crowded, small work stays on the calling thread (a pool thread would
+    # wake when the caller is nearly done); large work goes to the pool
+    small = _native_team.CROWDED_MIN_WORK - 1
+    assert _native_team.share(True, small) == (1, 1, False)
+    assert _native_team.share(True, _native_team.CROWDED_MIN_WORK) == (2, parts, True)
 
 
 def test_launches_from_many_threads_at_once() -> None:

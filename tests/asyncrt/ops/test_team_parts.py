@@ -1,6 +1,7 @@
 """A compiled kernel's shares on the native team (``_team_parts``): every
 share computed exactly once, per-part scratch rows and trailing integers
-passed through, on the team, alone, and crowded onto the part pool; and
+passed through, on the team, alone, and crowded (then on the calling
+thread: a loop's shares are shorter than a pool thread's wake-up); and
 the cases it leaves to the part pool."""
 
 from __future__ import annotations
