@@ -143,7 +143,7 @@ def _emit_block(vectors, lanes, chunked, context, builder, signature, args):
         at = b.add(block, b.mul(d, e.const(ROWS)))
         for r in range(ROWS):
             weight = b.load(b.gep(w_.data, [b.add(at, e.const(r))]))
-            weight = _broadcast(b, e.vector, weight)
+            weight = e.spread(weight)
             for v in range(vectors):
                 slot = sums[r][v]
                 b.store(b.call(fma, [weight, xs[v], b.load(slot)]), slot)
@@ -166,8 +166,8 @@ def _store_rows(b, e, arrays, at, rows):
         channel = b.add(k0, e.const(r))
         with b.if_then(b.icmp_signed("<", channel, channels), likely=True):
             start = b.add(b.mul(channel, out_width), c0)
-            shift_of = lambda c=channel: _broadcast(  # noqa: E731
-                b, e.vector, b.load(b.gep(bias_.data, [c]))
+            shift_of = lambda c=channel: e.spread(  # noqa: E731
+                b.load(b.gep(bias_.data, [c]))
             )
             for v, value in enumerate(rows(r)):
                 value = _finish(b, e, value, shift_of, flags)
@@ -183,7 +183,8 @@ def _emit_column(context, builder, signature, args, chunked=False):
     # pairwise at the end
     b = builder
     e = _Emit(context, builder, 1)
-    vector = ir.VectorType(ir.FloatType(), ROWS)
+    across = _Emit(context, builder, ROWS)  # (vectors of a block's channels)
+    vector = across.vector
     w_, x_, out_, bias_ = e.arrays(signature, args, 4)
     kb, c0, flags = args[4:7]
     depth, width = cgutils.unpack_tuple(b, x_.shape, 2)
@@ -210,7 +211,7 @@ def _emit_column(context, builder, signature, args, chunked=False):
         x = b.load(b.gep(x_.data, [b.add(b.mul(d, width), c0)]))
         at = b.gep(w_.data, [b.add(block, b.mul(d, e.const(ROWS)))])
         weights = b.load(b.bitcast(at, vector.as_pointer()), align=4)
-        b.store(b.call(fma, [weights, _broadcast(b, vector, x), b.load(slot)]), slot)
+        b.store(b.call(fma, [weights, across.spread(x), b.load(slot)]), slot)
 
     groups = b.sdiv(b.sub(d1, d0), e.const(COLUMN_SUMS))
     with cgutils.for_range(b, groups) as loop:

@@ -86,8 +86,8 @@ _SLOTS = 12
 _NO_BIAS = np.zeros(1, _FLOAT32)
 
 #: What the panel kernels' generated modules share (this one's and
-#: :mod:`asyncrt.ops._panel_conv`'s): the team's intrinsics, the epilogue,
-#: fused multiply-adds and broadcasts.
+#: :mod:`asyncrt.ops._panel_conv`'s): the team's intrinsics, the epilogue
+#: and fused multiply-adds (loads, masks and broadcasts: ``_Emit``'s).
 COMMON_SOURCE = """
 import functools
 
@@ -152,13 +152,6 @@ def _fma(b, vector):
     )
 
 
-def _broadcast(b, vector, x):
-    # the float x in every lane of a vector of this type
-    i32 = ir.IntType(32)
-    x = b.insert_element(ir.Constant(vector, ir.Undefined), x, ir.Constant(i32, 0))
-    return b.shuffle_vector(x, x, ir.Constant(ir.VectorType(i32, vector.count), None))
-
-
 """
 
 _SOURCE = (
@@ -168,47 +161,6 @@ SLOTS = {slots}
 ROWS, VECTORS = {rows}, {vectors}
 LANES = {lanes}
 PANEL = VECTORS * LANES
-
-
-def _lanes_below(b, e, count):
-    # a mask of the lanes l < count
-    i64 = ir.IntType(64)
-    lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
-    limit = b.insert_element(
-        ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), count, e.const(0)
-    )
-    limit = b.shuffle_vector(
-        limit, limit, ir.Constant(ir.VectorType(ir.IntType(32), LANES), None)
-    )
-    return b.icmp_signed("<", lanes, limit)
-
-
-def _masked_store(b, e, value, array, index, mask):
-    # value's lanes under mask into array's flat cells from index
-    function = cgutils.get_or_insert_function(
-        b.module,
-        ir.FunctionType(
-            ir.VoidType(),
-            [e.vector, e.vector.as_pointer(), ir.IntType(32), mask.type],
-        ),
-        f"llvm.masked.store.v{LANES}f32.p0",
-    )
-    four = ir.Constant(ir.IntType(32), 4)
-    b.call(function, [value, e.address(array, index), four, mask])
-
-
-def _masked_load(b, e, array, index, mask):
-    # array's flat cells from index under mask (zero in the other lanes)
-    function = cgutils.get_or_insert_function(
-        b.module,
-        ir.FunctionType(
-            e.vector,
-            [e.vector.as_pointer(), ir.IntType(32), mask.type, e.vector],
-        ),
-        f"llvm.masked.load.v{LANES}f32.p0",
-    )
-    four = ir.Constant(ir.IntType(32), 4)
-    return b.call(function, [e.address(array, index), four, mask, e.splat(0.0)])
 
 
 def _block(rows):
@@ -240,7 +192,7 @@ def _emit_block(rows, context, builder, signature, args):
             e.load(panels_, b.add(at, e.const(v * LANES))) for v in range(VECTORS)
         ]
         for r in range(rows):
-            x = _broadcast(b, e.vector, b.load(b.gep(a_.data, [b.add(starts[r], k)])))
+            x = e.spread(b.load(b.gep(a_.data, [b.add(starts[r], k)])))
             for v in range(VECTORS):
                 slot = sums[r][v]
                 b.store(b.call(fma, [x, column[v], b.load(slot)]), slot)
@@ -249,7 +201,7 @@ def _emit_block(rows, context, builder, signature, args):
     # fast as plain ones where all lanes are in; the last panel of a width
     # not a multiple of PANEL has fewer)
     masks = [
-        _lanes_below(b, e, b.sub(width, b.add(col0, e.const(v * LANES))))
+        e.lanes_between(b.add(col0, e.const(v * LANES)), width)
         for v in range(VECTORS)
     ]
     for r in range(rows):
@@ -257,11 +209,9 @@ def _emit_block(rows, context, builder, signature, args):
         for v in range(VECTORS):
             at = e.const(v * LANES)
             column = b.add(col0, at)
-            shift_of = lambda c=column, m=masks[v]: _masked_load(  # noqa: E731
-                b, e, bias_, c, m
-            )
+            shift_of = functools.partial(e.masked_load, bias_, column, masks[v])
             value = _finish(b, e, b.load(sums[r][v]), shift_of, flags)
-            _masked_store(b, e, value, out_, b.add(start, at), masks[v])
+            e.masked_store(value, out_, b.add(start, at), masks[v])
     return None
 
 
