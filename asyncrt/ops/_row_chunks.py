@@ -6,7 +6,7 @@ copy per kernel tap, then runs one GEMM. For a large one that is slow
 twice: ResNet's stem (3 -> 64 channels, 7 x 7 at stride 2, 224 x 224)
 writes 7.4 MB of columns through 49 strided copies (1.2 ms of its 2.7),
 and its GEMM then reads them back from memory. Here the input is split into
-the padded input's stride phases once (:func:`_split_phases`, its pads
+the padded input's stride phases once (:func:`split_phases`, its pads
 zero), a compiled loop (:func:`_gather_rows`) copies each tap's rows of a
 chunk of output rows into a column matrix of about :data:`CHUNK_BYTES`,
 and BLAS writes that chunk's columns of the output (``out`` viewed ``(M,
@@ -40,7 +40,7 @@ from . import _jit, _panel_conv, _team_blas, _team_parts
 from ._common import Array
 from ._conv_epilogue import bind_bias_activation
 
-__all__ = ("CHUNK_BYTES", "MIN_DEPTH", "bind_row_chunks", "takes")
+__all__ = ("CHUNK_BYTES", "MIN_DEPTH", "bind_row_chunks", "split_phases", "takes")
 
 #: The column matrix of one chunk of output rows, at most (about L2's share
 #: of one core): one row at least.
@@ -65,7 +65,7 @@ GROUP_BYTES = 1 << 23
 _DTYPES = _jit.FLOATS
 
 
-def _split_phases(  # pragma: no cover - compiled by numba
+def split_phases(  # pragma: no cover - compiled by numba
     x: Any,
     phases: Any,
     first: int,
@@ -209,7 +209,7 @@ def bind_row_chunks(
     by_channel = _team_parts.shares(c, cells, MIN_WORK_PER_THREAD)
     splits = [
         _jit.bind_parts(
-            _jit.compile_kernel(_split_phases),
+            _jit.compile_kernel(split_phases),
             (x[image], phases),
             by_channel,
             trailing=(s_h, s_w, p_h, p_w),

@@ -10,8 +10,9 @@ Runtime's direct convolution takes 1.2. Here nothing of that size exists:
   column phase (``SW`` phases: a stride-2 stem's even and odd columns), so
   that every tap of every output row is one contiguous vector load, and no
   border needs a check (the pads are zeros in the buffer, as im2col's).
-  For ResNet's stem the buffer is 3 x 2 x 229 x 131 floats (0.7 MB); its
-  copy is split over the kernel threads by rows.
+  For ResNet's stem the buffer is 3 x 2 x 229 x 131 floats (0.7 MB); the
+  copy is the row chunks' (:func:`asyncrt.ops._row_chunks.split_phases`,
+  with rows unsplit), split over the kernel threads by channels.
 * **Blocks.** Each call of the compiled block computes a vector of
   :func:`asyncrt.ops._dwvector.lanes` output columns of one output row for
   :data:`CHANNELS` output channels at once: for every tap, one load of the
@@ -35,7 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import _dwvector, _jit, _team_parts
+from . import _dwvector, _jit, _row_chunks, _team_parts
 from ._common import Array
 from ._conv_epilogue import ACTIVATIONS
 from ._vector_ir import compile_vectors
@@ -158,27 +159,6 @@ def sums(phases, w, bias, out, first, last):
                         block_(phases, w, bias, out, n, i, j0, c0)
                     else:
                         block_masked_(phases, w, bias, out, n, i, j0, c0)
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
-def split_phases(x, phases, first, last, top, left):
-    # rows first:last of every plane of phases (N, C * SW, R, Q): plane
-    # c * SW + p, row r, column q holds x[n, c, r - top, q * SW + p - left],
-    # zero outside x
-    height, width = x.shape[2], x.shape[3]
-    for n in range(x.shape[0]):
-        for plane in range(phases.shape[1]):
-            c = plane // SW
-            p = plane - c * SW
-            for r in range(first, last):
-                h = r - top
-                inside = 0 <= h < height
-                for q in range(phases.shape[3]):
-                    col = q * SW + p - left
-                    if inside and 0 <= col < width:
-                        phases[n, plane, r, q] = x[n, c, h, col]
-                    else:
-                        phases[n, plane, r, q] = 0.0
 """
 
 
@@ -205,20 +185,12 @@ def takes(x: Array, w: Array, out: Array, group: int, strides: tuple[int, ...]) 
 
 
 @functools.cache
-def _module(
-    geometry: tuple[int, ...], activation: str
-) -> tuple[Callable[..., None], ...]:
-    """The block loop and the phase copy for ``(CIN, KH, KW, SH, SW, DH,
-    DW, LANES, CHANNELS)`` and ``activation``, compiled (or loaded from
-    numba's disk cache)."""
-    compile_one = functools.partial(
-        compile_vectors,
-        "asyncrt_stemrows",
-        _SOURCE,
-        geometry=geometry,
-        activation=activation,
+def _sums(geometry: tuple[int, ...], activation: str) -> Callable[..., None]:
+    """The block loop for ``(CIN, KH, KW, SH, SW, DH, DW, LANES, CHANNELS)``
+    and ``activation``, compiled (or loaded from numba's disk cache)."""
+    return compile_vectors(
+        "asyncrt_stemrows", _SOURCE, "sums", geometry=geometry, activation=activation
     )
-    return compile_one("sums"), compile_one("split_phases")
 
 
 def bind(
@@ -258,15 +230,22 @@ def bind(
     columns = -(-out_w // lanes) * lanes + reach
     phases = np.empty((n, cin * strides[1], rows, columns), np.float32)
     geometry = (cin, k_h, k_w, *strides, *dilations, lanes, CHANNELS)
-    sums, split = _module(geometry, activation)
+    sums = _sums(geometry, activation)
     work = out.size * cin * k_h * k_w
-    copy = _jit.bind_parts(
-        split,
-        (x, phases),
-        _team_parts.shares(rows, phases.size, MIN_WORK_PER_THREAD),
-        trailing=begin,
-        work=phases.size,
-    )
+    # each image's phases: the row chunks' copy, its rows unsplit (a row
+    # stride of 1), split over the kernel threads by channels
+    split = _jit.compile_kernel(_row_chunks.split_phases)
+    per_image = phases[0].size
+    copies = [
+        _jit.bind_parts(
+            split,
+            (x[i], phases[i].reshape(cin, strides[1], rows, columns)),
+            _team_parts.shares(cin, per_image, MIN_WORK_PER_THREAD),
+            trailing=(1, strides[1], *begin),
+            work=per_image,
+        )
+        for i in range(n)
+    ]
     compute = _jit.bind_parts(
         sums,
         (phases, packed, shift, out),
@@ -278,7 +257,8 @@ def bind(
     def stem() -> None:
         if bias is not None:
             copyto(own_bias, bias)
-        copy()
+        for copy in copies:
+            copy()
         compute()
 
     return stem
