@@ -12,21 +12,9 @@ import pytest
 
 from asyncrt.ops import _depthwise, _jit
 
-from .conv_reference import conv_kernel, conv_reference
+from .conv_reference import activated_reference, conv_kernel
 
 pytest.importorskip("numba")
-
-
-def _reference(
-    x: np.ndarray[Any, Any],
-    w: np.ndarray[Any, Any],
-    b: np.ndarray[Any, Any] | None,
-    strides: list[int],
-    pads: list[int],
-    dilations: list[int],
-) -> np.ndarray[Any, Any]:
-    """Depthwise: the float64 reference with a group per channel."""
-    return conv_reference(x, w, b, x.shape[1], strides, pads, dilations)
 
 
 CASES = [
@@ -80,14 +68,18 @@ def _conv(
         bias=b is not None,
         relu=relu,
     )
-    want = _reference(x, w, b, strides, pads, dilations)
+    want = activated_reference(
+        x, w, b, strides, pads, dilations, "none", depthwise=True
+    )
     out = np.full(want.shape, np.nan, x.dtype)
     args = (x, w, *(() if b is None else (b,)), out)
     if bound:
         call = kernel.bind(*args)  # type: ignore[attr-defined]
         call()
         x[...] += 1  # a bound call sees its arrays' new values
-        want = _reference(x, w, b, strides, pads, dilations)
+        want = activated_reference(
+            x, w, b, strides, pads, dilations, "none", depthwise=True
+        )
         call()
     else:
         kernel(*args)
@@ -119,7 +111,12 @@ def test_compiled_depthwise_matches_the_reference_and_the_numpy_path(
     x = rng.standard_normal(shape).astype(dtype)
     w = rng.standard_normal((shape[1], 1, *kernel)).astype(dtype)
     b = rng.standard_normal(shape[1]).astype(dtype) if bias else None
-    out = np.empty(_reference(x, w, b, strides, pads, dilations).shape, dtype)
+    out = np.empty(
+        activated_reference(
+            x, w, b, strides, pads, dilations, "none", depthwise=True
+        ).shape,
+        dtype,
+    )
     # few channels compile only on the planes (no channels-last copies)
     few = shape[1] < _depthwise.MIN_CHANNELS
     narrow = out.shape[3] < _depthwise.PLANAR_MIN_WIDTH
@@ -170,7 +167,9 @@ def test_channels_last_weights_are_copied_per_call_unless_constant(
     kernel = conv_kernel([5, 5], [1, 1], [2] * 4, [1, 1], 32, bias=False, relu=False)
     call = kernel.bind(x, w, out, constant=frozenset({1} if constant else ()))
     call()
-    first = _reference(x, w, None, [1, 1], [2] * 4, [1, 1])
+    first = activated_reference(
+        x, w, None, [1, 1], [2] * 4, [1, 1], "none", depthwise=True
+    )
     np.testing.assert_allclose(out, first, rtol=1e-5, atol=1e-5)
     w *= 2  # a graph input's new values (a parameter's never change)
     call()
