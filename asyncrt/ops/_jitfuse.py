@@ -12,18 +12,19 @@ work is large enough (the kernel releases the GIL).
 **Which groups.** float32 outputs whose members all have a ``jit``
 template (arithmetic, ``relu``, ``abs``, ``sqrt``, ``reciprocal``,
 ``square``, ``cube``, ``maximum``/``minimum``, ``hard_swish``, ``erf``,
-``tanh``, ``sum``, ``copy``) and whose inputs are, against the output,
-whole (same shape), scalars, rows (a vector along the last axis: biases)
-or columns (one value per row: ``(..., 1)``). Anything else (``exp``,
-``log``, float64, other broadcasts, arrays that are not C-contiguous) runs
+``exp``, ``tanh``, ``sum``, ``copy``...) and whose inputs are, against the
+output, whole (same shape), scalars, rows (a vector along the last axis:
+biases) or columns (one value per row: ``(..., 1)``). Anything else
+(``log``, float64, other broadcasts, arrays that are not C-contiguous) runs
 the numpy engine's program instead, as without numba.
 
 **Results.** Each template is the unfused kernel's arithmetic in float32,
-in the same order, so results are the unfused ones bit for bit, except
-``tanh`` (Eigen's rational approximation: within 7 ulps of the true tanh
-and 6 of numpy's, see :mod:`asyncrt.ops._jitmath`). No fast-math: LLVM
-neither reassociates nor contracts to FMA, and NaN and infinities behave
-as in numpy.
+in the same order, so results are the unfused ones bit for bit (the
+library's float32 ``exp``, ``tanh``, ``sigmoid``, GELU... are these
+compiled functions themselves, see :mod:`asyncrt.ops._jitmath`). No
+fast-math: LLVM neither reassociates nor contracts to FMA but where a
+helper asks for it (``muladd_``), and NaN and infinities behave as in
+numpy.
 
 **Compiling.** The generated source is written once to a file named by its
 hash in :func:`asyncrt.ops._jit.cache_dir` and imported, so numba's disk
@@ -110,10 +111,18 @@ def compilable(recipe: FusedNode) -> bool:
 
 def _columns(recipe: FusedNode, roles: Sequence[Role]) -> int:
     """The inner loop's length: the last axis, or (inputs whole or scalar
-    only) the trailing axes merged until at least :data:`MIN_COLUMNS`."""
+    only: any split of the flat arrays will do) the smallest divisor of the
+    size from :data:`MIN_COLUMNS` to 16 times it, so that rows remain to
+    split over the threads (W2's vectors of 2Mi: one row of 2Mi ran on one
+    thread), else the trailing axes merged until at least
+    :data:`MIN_COLUMNS`."""
     shape = recipe.spec.outputs[0].shape
     if any(role in ("row", "column") for role in roles):
         return shape[-1]
+    size = math.prod(shape)
+    for columns in range(MIN_COLUMNS, min(size, 16 * MIN_COLUMNS) + 1):
+        if size % columns == 0:
+            return columns
     columns = 1
     for extent in reversed(shape):
         columns *= extent
@@ -250,8 +259,8 @@ def compiled_unary(
     min_size: int = 1,
 ) -> Bindable:
     """An elementwise op of one input as one compiled loop over float32
-    C-contiguous arrays (its ``jit`` template, see the module docstring:
-    the same results as ``fallback``, bit for bit but for ``tanh``), and
+    C-contiguous arrays (its ``jit`` template, see the module docstring),
+    and
     ``fallback`` for every other array or without numba.
 
     :param template: the op's fusion template (``None``: always

@@ -13,21 +13,24 @@ no branch that is not a select), without fast-math:
 * ``hswish_``, ``hsig_``: the library's ``hard_swish`` (``x * clip(x / 6
   + 0.5, 0, 1)`` in float32) and ``hard_sigmoid``, bit for bit.
 * ``gelu_erf_``, ``gelu_tanh_``: the library's ``gelu`` (exact and tanh
-  forms), the same operations in the same order over ``erf_``/``tanh_``:
-  the exact form bit for bit, the tanh form within 1e-6 absolute (where
-  ``1 + tanh`` cancels, for negative inputs, tanh's few ulps near -1 are
-  a larger share of the result).
+  forms), the same operations in the same order over ``erf_``/``tanh_``,
+  bit for bit (the library's float32 GELU is this loop where numba is
+  installed).
 * ``erf_``: Eigen's float32 ``erf``, the rational approximation of
   :func:`asyncrt.ops._builtin.bind_erf_float32` with the same operations in
   the same order, so bit for bit the library's ``erf`` of float32 arrays
   (with numba, every size is this loop; without it, arrays of up to
   ``SCIPY_SMALL_FLOAT32`` elements take scipy's, within 4.5e-7 of it).
-* ``tanh_``: Eigen's float32 rational approximation
-  (``generic_fast_tanh_float``), its polynomials' multiply-adds fused where
-  the CPU has FMA (``muladd_``, as ``exp_``'s: GELU-tanh 0.59 -> 0.50 ns
-  an element): within 7 ulps of the true tanh and 6 of numpy's (4.9 and
-  5.0 with FMA; 3.9e-7 relative; numpy's own is within 1.4 ulps), odd, NaN
-  in, NaN out, and exactly +-1 past +-9 (as float32 tanh is from 9.01 on).
+* ``tanh_``: Cephes' ``tanhf``: an odd degree-11 polynomial below 0.625;
+  above, ``(1 - e) / (1 + e)`` with ``e = e^-2|x|`` from ``exp_``'s
+  reduction and polynomial (``exp_parts_``), its power of two one factor
+  (past 10, computed at 10: float32 tanh is +-1 from 9.01 on). Within 2
+  ulps of the exact tanh (1.5 in a sample of 2^26 floats: numpy's SIMD
+  tanh is within 1.4), odd, NaN in, NaN out, zeros keep their sign: 0.49
+  ns an element on the AVX-512 VM against numpy's 0.38 (Eigen's rational
+  approximation, used before, took 0.33 but was 4.5-7 ulps off near 6).
+  The library's float32 ``tanh`` is this loop (split over the threads
+  where large), so fused chains over it stay bit for bit.
 * ``exp_``: Cephes' float32 ``expf`` (a two-part ln 2 range reduction and
   a degree-5 polynomial), 2^n made from exponent bits in two factors so
   that results reach the subnormals: within 1 ulp of the exact exp (numpy's
@@ -56,9 +59,10 @@ no branch that is not a select), without fast-math:
   and ``log1p`` (softplus needs only ``log1p`` on ``[0, 1]``, above).
 
 numba calls libm one element at a time for ``exp`` and the rest (10-60x
-slower than these), so the library's ``exp``, ``log`` and trigonometric
-ops keep numpy's SIMD ufuncs, and a chain with one of them keeps the numpy
-engine (``exp_`` is within an ulp of numpy's exp, not bit for bit).
+slower than these), so the library's float32 ``exp`` and ``tanh`` are
+``exp_`` and ``tanh_`` loops (:mod:`asyncrt.ops._builtin`), and ``log``
+and the trigonometric ops keep numpy's SIMD ufuncs (a chain with one of
+them keeps the numpy engine).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ FUNCTIONS = (
     "tanh_",
     "gelu_erf_",
     "gelu_tanh_",
+    "exp_parts_",
     "exp_",
     "sigmoid_",
     "mish_",
@@ -115,23 +120,16 @@ _Q = (
 _RSQRT2 = _F(0.7071067811865476)
 _GELU_CUBIC = _F(0.044715)
 _GELU_SCALE = _F(0.7978845608028654)
-_TANH_CLAMP = _F(7.99881172180175781)
-_TANH_TINY = _F(0.0004)
-_TANH_ONE = _F(9.0)
-_TA = (
-    _F(4.89352455891786e-03),
-    _F(6.37261928875436e-04),
-    _F(1.48572235717979e-05),
-    _F(5.12229709037114e-08),
-    _F(-8.60467152213735e-11),
-    _F(2.00018790482477e-13),
-    _F(-2.76076847742355e-16),
-)
-_TB = (
-    _F(4.89352518554385e-03),
-    _F(2.26843463243900e-03),
-    _F(1.18534705686654e-04),
-    _F(1.19825839466702e-06),
+# float32 tanh is +-1 from 9.01 on: past this, compute at it
+_TANH_CLAMP = _F(10.0)
+# below this, Cephes' odd polynomial; above, the formula over e^-2|x|
+_TANH_SMALL = _F(0.625)
+_TANH_P = (
+    _F(-5.70498872745e-3),
+    _F(2.06390887954e-2),
+    _F(-5.37397155531e-2),
+    _F(1.33314422036e-1),
+    _F(-3.33332819422e-1),
 )
 _I = np.int32
 _LOG2E = _F(1.44269504088896341)
@@ -220,29 +218,6 @@ def erf_(a):
 
 
 @numba.njit(inline="always", error_model="numpy")
-def tanh_(v):
-    x = _TANH_CLAMP if v > _TANH_CLAMP else v
-    x = -_TANH_CLAMP if x < -_TANH_CLAMP else x
-    x2 = x * x
-    p = muladd_(x2, _TA[6], _TA[5])
-    p = muladd_(x2, p, _TA[4])
-    p = muladd_(x2, p, _TA[3])
-    p = muladd_(x2, p, _TA[2])
-    p = muladd_(x2, p, _TA[1])
-    p = muladd_(x2, p, _TA[0])
-    p = x * p
-    q = muladd_(x2, _TB[3], _TB[2])
-    q = muladd_(x2, q, _TB[1])
-    q = muladd_(x2, q, _TB[0])
-    r = p / q
-    r = v if abs(v) < _TANH_TINY else r
-    # float32 tanh is +-1 from 9.01 on; the rational form stops at
-    # +-0.9999998 (GELU(x) must be x, not 0.9999999 x, for huge x)
-    r = _ONE if v > _TANH_ONE else r
-    return -_ONE if v < -_TANH_ONE else r
-
-
-@numba.njit(inline="always", error_model="numpy")
 def hsig_(x, alpha, beta):
     t = x * alpha + beta
     t = _ZERO if t < _ZERO else t
@@ -255,20 +230,9 @@ def gelu_erf_(x):
 
 
 @numba.njit(inline="always", error_model="numpy")
-def gelu_tanh_(x):
-    t = (((x * x) * _GELU_CUBIC + _ONE) * x) * _GELU_SCALE
-    return ((tanh_(t) + _ONE) * _HALF) * x
-
-
-@numba.njit(inline="always", error_model="numpy")
-def exp_(v):
-    # Cephes' expf: e^v = 2^n e^r, |r| <= ln2 / 2, r by a two-part ln 2
-    # (below _EXP_LO the result is 0: compute with 0 instead, as clamping
-    # there would make subnormal products, 100-cycle microcode assists on
-    # every masked attention score); products and sums fused where the CPU
-    # can (muladd_)
-    x = _EXP_HI if v > _EXP_HI else v
-    x = _ZERO if x < _EXP_LO else x
+def exp_parts_(x):
+    # Cephes' expf: e^x = 2^n e^r, |r| <= ln2 / 2, r by a two-part ln 2;
+    # (e^r, n), products and sums fused where the CPU can (muladd_)
     n = np.floor(muladd_(x, _LOG2E, _HALF))
     r = muladd_(-n, _LN2_HI, x)
     r = muladd_(-n, _LN2_LO, r)
@@ -277,7 +241,17 @@ def exp_(v):
     p = muladd_(p, r, _EXP_P[3])
     p = muladd_(p, r, _EXP_P[4])
     p = muladd_(p, r, _EXP_P[5])
-    y = muladd_(p, r * r, r) + _ONE
+    return muladd_(p, r * r, r) + _ONE, n
+
+
+@numba.njit(inline="always", error_model="numpy")
+def exp_(v):
+    # below _EXP_LO the result is 0: compute with 0 instead, as clamping
+    # there would make subnormal products, 100-cycle microcode assists on
+    # every masked attention score
+    x = _EXP_HI if v > _EXP_HI else v
+    x = _ZERO if x < _EXP_LO else x
+    y, n = exp_parts_(x)
     # 2^n as two factors built from exponent bits: n reaches -150 (the
     # subnormal results) and 128, past one float's exponent range
     k = _I(n)
@@ -286,6 +260,34 @@ def exp_(v):
     y = _INF if v > _EXP_HI else y
     y = _ZERO if v < _EXP_LO else y
     return v if v != v else y
+
+
+@numba.njit(inline="always", error_model="numpy")
+def tanh_(v):
+    # Cephes' tanhf: an odd polynomial below 0.625; above, tanh |v| =
+    # (1 - e) / (1 + e), e = e^-2|v| (no cancellation: e <= 0.29, and
+    # 2^n is one factor, n >= -29); both computed, one selected
+    a = abs(v)
+    a = _TANH_CLAMP if a > _TANH_CLAMP else a
+    z = v * v
+    p = muladd_(z, _TANH_P[0], _TANH_P[1])
+    p = muladd_(z, p, _TANH_P[2])
+    p = muladd_(z, p, _TANH_P[3])
+    p = muladd_(z, p, _TANH_P[4])
+    small = muladd_(p * z, v, v)
+    e, n = exp_parts_(-(a + a))
+    e = e * _I((_I(n) + 127) << 23).view(_F)
+    big = (_ONE - e) / (_ONE + e)
+    big = big if v >= _ZERO else -big
+    r = small if a < _TANH_SMALL else big
+    # zeros keep their sign (NaN goes through both branches as NaN)
+    return v if v == _ZERO else r
+
+
+@numba.njit(inline="always", error_model="numpy")
+def gelu_tanh_(x):
+    t = (((x * x) * _GELU_CUBIC + _ONE) * x) * _GELU_SCALE
+    return ((tanh_(t) + _ONE) * _HALF) * x
 
 
 @numba.njit(inline="always", error_model="numpy")

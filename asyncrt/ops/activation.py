@@ -189,7 +189,7 @@ def _shrink(xp: ModuleType, attrs: Attrs) -> Kernel:
 
 def _gelu_fusion(attrs: Attrs) -> FusionTemplate:
     if choice(attrs, "approximate", ("none", "tanh")) == "tanh":
-        return FusionTemplate("gelu", jit="gelu_tanh_({0})", jit_exact_from=None)
+        return FusionTemplate("gelu", jit="gelu_tanh_({0})")
     return FusionTemplate("gelu", jit="gelu_erf_({0})")
 
 
@@ -258,9 +258,10 @@ def _gelu(xp: ModuleType, attrs: Attrs) -> Kernel:
     kernel = Bindable(gelu, bind)
     if xp is not np:
         return kernel
-    # One compiled pass (the same arithmetic; tanh within 7 ulps of numpy's)
-    # at every size where numba is installed (small arrays: one call where
-    # scipy's ndtr takes 6 ns an element); without it, small arrays take ndtr.
+    # One compiled pass (the same arithmetic over the library's float32
+    # tanh, _jitmath's tanh_) at every size where numba is installed (small
+    # arrays: one call where scipy's ndtr takes 6 ns an element); without
+    # it, small arrays take ndtr.
     return compiled_unary(_gelu_fusion(attrs), kernel)
 
 

@@ -21,6 +21,8 @@ from asyncrt.errors import (
 )
 from asyncrt.graph import Graph, GraphBuilder
 
+from .library_reference import library_tanh
+
 N = 8
 
 
@@ -41,7 +43,7 @@ def mlp_graph(device: str | None = None) -> Graph:
 
 
 def reference(x: np.ndarray, c: np.ndarray, w: np.ndarray) -> list[np.ndarray]:
-    t = np.tanh(np.maximum(x + c, 0) * w)
+    t = library_tanh(np.maximum(x + c, 0) * w)
     return [t, t - x]
 
 
@@ -218,7 +220,7 @@ async def test_cancelled_run_leaves_executor_ready() -> None:
     def slow_tanh(a: np.ndarray, out: np.ndarray) -> None:
         started.set()
         release.wait(5)
-        np.tanh(a, out=out)
+        library_tanh(a, out)
 
     lib = asyncrt.Module({"tanh": slow_tanh})
     with graph_executor.create(mlp_graph(), lib, max_contexts=1) as ex:
@@ -293,7 +295,7 @@ async def test_coroutine_kernel_runs_on_the_loop() -> None:
     async def remote_tanh(a: np.ndarray, out: np.ndarray) -> None:
         await anyio.sleep(0)
         seen.append(float(a[0]))
-        np.tanh(a, out=out)
+        library_tanh(a, out)
 
     lib = asyncrt.Module({"tanh": remote_tanh})
     with graph_executor.create(mlp_graph(), lib, "sim:1") as ex:
@@ -319,7 +321,7 @@ async def test_closed_executor_raises() -> None:
 def test_plan_prints_and_renders() -> None:
     with make() as ex:
         text = str(ex.plan)
-        assert "arena cpu:0" in text and "relu0 = relu(" in text
+        assert "arena cpu:0" in text and "sub0 = subtract(" in text
         assert ex.plan.to_dot().startswith("digraph plan {")
 
 

@@ -26,6 +26,8 @@ from asyncrt.graph import Graph, GraphBuilder
 from scheduler.happens_before import check_plan
 from scheduler.plan import Launch, Plan
 
+from .library_reference import library_tanh
+
 N = 1 << 20  # float32: 4 MiB a tensor
 BRANCHES = 4
 RNG = np.random.default_rng(5)
@@ -55,7 +57,7 @@ def params() -> dict[str, Array]:
 
 
 def expected(x: Array = X) -> Array:
-    branches = [np.tanh(np.multiply(x, SCALES[i])) for i in range(BRANCHES)]
+    branches = [library_tanh(np.multiply(x, SCALES[i])) for i in range(BRANCHES)]
     total = np.add(branches[0], branches[1])
     for other in branches[2:]:
         np.add(total, other, total)
@@ -160,7 +162,7 @@ def test_failed_and_cancelled_runs_of_a_split_plan_release_everything(
         if mode[0] == "block":
             started.set()
             release.wait(10.0)
-        np.tanh(a, out)
+        out[...] = library_tanh(a)
 
     lib = asyncrt.Module({"my_tanh": tanh})
     with graph_executor.create(

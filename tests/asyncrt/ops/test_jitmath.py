@@ -64,6 +64,7 @@ def _ulps(got: Array, want: Array) -> Array:
 REFERENCES: dict[str, tuple[Callable[[Array], Array], int]] = {
     # name: (float64 reference, the most ulps allowed)
     "exp_": (np.exp, 1),
+    "tanh_": (np.tanh, 2),
     "sigmoid_": (lambda x: 1 / (1 + np.exp(-x)), 2),
     "expm1_": (np.expm1, 2),
     "softplus_": (lambda x: np.logaddexp(x, 0), 3),
