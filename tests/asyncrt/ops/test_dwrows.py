@@ -56,6 +56,8 @@ def _bind(
         ((1, 3, 21, 40), (3, 5), [2, 1], [0, 2, 2, 1], [2, 1], "relu"),
         # no pads: every column vector inside, the rows past whole groups
         ((1, 2, 19, 70), (3, 3), [1, 2], [0, 0, 0, 0], [1, 1], "none"),
+        # column stride 2 dilated: each tap its own loads (no odd lanes)
+        ((1, 3, 30, 75), (3, 3), [1, 2], [2, 2, 2, 2], [2, 2], "relu"),
         # pads wider than the input
         ((1, 2, 3, 3), (5, 5), [1, 1], [3, 3, 3, 3], [1, 1], "relu"),
     ],
@@ -94,7 +96,11 @@ def test_the_row_vectors_match_the_reference(
 
 @pytest.mark.parametrize(
     ("shape", "kernel", "stride"),
-    [((1, 24, 56, 56), (3, 3), 2), ((1, 40, 14, 14), (5, 5), 1)],
+    [
+        ((1, 24, 56, 56), (3, 3), 2),
+        ((1, 40, 14, 14), (5, 5), 1),
+        ((1, 16, 38, 38), (5, 5), 2),
+    ],
 )
 def test_the_bits_are_the_channels_last_vectors(
     shape: tuple[int, ...], kernel: tuple[int, int], stride: int
