@@ -152,7 +152,7 @@ def _emit_block(vectors, lanes, chunked, context, builder, signature, args):
         xs = [e.load(x_, b.add(row, e.const(v * lanes))) for v in range(vectors)]
         at = b.add(block, b.mul(d, e.const(ROWS)))
         if following is not None:
-            _prefetch(b, b.gep(w_.data, [b.add(at, following)]))
+            e.prefetch(w_, b.add(at, following))
         for r in range(ROWS):
             weight = b.load(b.gep(w_.data, [b.add(at, e.const(r))]))
             weight = e.spread(weight)
@@ -164,20 +164,6 @@ def _emit_block(vectors, lanes, chunked, context, builder, signature, args):
         flags = b.select(b.icmp_signed("==", d1, depth), flags, e.const(0))
     _store_rows(b, e, (out_, bias_), (kb, c0, flags), rows)
     return None
-
-
-def _prefetch(b, pointer):
-    # llvm.prefetch of the cache line at pointer (read, kept in every
-    # level); never faults, past an array's end too
-    i8p = ir.IntType(8).as_pointer()
-    i32 = ir.IntType(32)
-    function = cgutils.get_or_insert_function(
-        b.module,
-        ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-        "llvm.prefetch.p0",
-    )
-    flags = [ir.Constant(i32, value) for value in (0, 3, 1)]
-    b.call(function, [b.bitcast(pointer, i8p), *flags])
 
 
 def _store_rows(b, e, arrays, at, rows):

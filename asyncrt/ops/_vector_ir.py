@@ -88,6 +88,20 @@ class _Emit:
     def store(self, value, array, index):
         self.b.store(value, self.address(array, index), align=4)
 
+    def prefetch(self, array, index):
+        # llvm.prefetch of the cache line of array's flat cell index (a
+        # read, kept in every level); it never faults, past the end too
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        function = cgutils.get_or_insert_function(
+            self.b.module,
+            ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0",
+        )
+        pointer = self.b.bitcast(self.b.gep(array.data, [index]), i8p)
+        flags = [ir.Constant(i32, value) for value in (0, 3, 1)]
+        self.b.call(function, [pointer, *flags])
+
     def spread(self, value):
         # the float value in every lane
         i32 = ir.IntType(32)
