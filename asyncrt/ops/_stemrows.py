@@ -234,7 +234,7 @@ def bind(
     work = out.size * cin * k_h * k_w
     # each image's phases: the row chunks' copy, its rows unsplit (a row
     # stride of 1), split over the kernel threads by channels
-    split = _jit.compile_kernel(_row_chunks.split_phases)
+    split = _row_chunks.phase_splitter(strides[1])
     per_image = phases[0].size
     copies = [
         _jit.bind_parts(

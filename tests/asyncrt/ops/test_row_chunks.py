@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asyncrt.ops import _row_chunks, _team_parts
+from asyncrt.ops import _jit, _row_chunks, _team_parts
 
 from .conv_reference import conv_kernel, conv_reference
 from .team_split import split_everywhere
@@ -133,3 +133,28 @@ def test_shallow_grouped_and_foreign_arrays_keep_the_whole_matrix() -> None:
     assert not _row_chunks.takes(volume, cube, np.zeros((1, 8, 4, 4, 4)), 1)
     halves = np.zeros((1, 16, 20, 20), np.float16)
     assert not _row_chunks.takes(halves, np.zeros((8, 16, 3, 3), np.float16), out, 1)
+
+
+@pytest.mark.parametrize("pads", [(0, 0), (1, 1), (3, 2), (2, 3)])
+@pytest.mark.parametrize("shape", [(3, 9, 16), (2, 10, 23), (1, 5, 3)])
+@pytest.mark.parametrize("stride_h", [1, 2])
+def test_the_pairs_split_is_the_phases_split(
+    pads: tuple[int, int], shape: tuple[int, int, int], stride_h: int
+) -> None:
+    # split_pairs (column stride 2, both phases of a row in one loop) writes
+    # every cell split_phases writes, the pads' zeros included
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    pad_h, pad_w = pads
+    rows = -(-(shape[1] + 2 * pad_h) // stride_h)
+    columns = -(-(shape[2] + 2 * pad_w) // 2)
+    phases = [
+        np.full((shape[0], stride_h * 2, rows, columns), np.nan, np.float32)
+        for _ in range(2)
+    ]
+    for kernel, target in zip(
+        (_row_chunks.split_phases, _row_chunks.split_pairs), phases, strict=True
+    ):
+        compiled = _jit.compile_kernel(kernel)
+        compiled(x, target, 0, shape[0], stride_h, 2, pad_h, pad_w)
+    assert not np.isnan(phases[0]).any()
+    np.testing.assert_array_equal(phases[1], phases[0])
