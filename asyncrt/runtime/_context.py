@@ -19,9 +19,13 @@ plan's arenas plus its input buffers.
   remote device's round trips);
 * a device that runs out of memory while the pool grows is not an error for
   the caller as long as another context exists: the caller waits for that
-  one instead. Only when no context exists at all does the
+  one instead (or takes one that came back meanwhile), and the pool stops
+  growing until a context is dropped (more attempts would only fail again).
+  Only when no context exists at all does the
   :class:`~asyncrt.errors.OutOfMemoryError` reach the caller (the graph does
-  not fit on the device); the failed context is not counted;
+  not fit on the device), after a second try alone if other contexts were
+  being made at the same time (two half-made contexts may crowd each other
+  out where one fits); the failed context is not counted;
 * a context dropped instead of returned (:meth:`ContextPool.discard`, e.g.
   made before the parameters changed) frees room: the longest waiter is
   woken to make a new one in its own task;
@@ -162,6 +166,9 @@ class ContextPool(Generic[C]):
         self._bytes = 0
         self._waiters: collections.deque[_Waiter[C]] = collections.deque()
         self._closed = False
+        self._full = False  # a device ran out of memory for one more context
+        self._making = 0  # contexts being made now
+        self._attempts = 0  # contexts begun, ever (to tell if makers overlapped)
 
     @property
     def size(self) -> int:
@@ -209,6 +216,8 @@ class ContextPool(Generic[C]):
 
     async def _wait(self, *, front: bool) -> C:
         while True:
+            if self._closed:  # closed while this caller tried to grow
+                raise ClosedResourceError("the executor was closed while waiting")
             waiter: _Waiter[C] = _Waiter()
             if front:
                 self._waiters.appendleft(waiter)
@@ -234,45 +243,61 @@ class ContextPool(Generic[C]):
             front = True  # keep our place at the head of the queue
 
     def _may_grow(self) -> bool:
+        """Whether the limits allow one more context now."""
         if self._count >= self.limit:
             return False
-        if self._count == 0 or self.budget is None:
+        if self._count == 0:
             return True
-        return self._bytes + self._cost() <= self.budget
+        if self._full:
+            return False
+        return self.budget is None or self._bytes + self._cost() <= self.budget
 
     async def _take(self) -> C | None:
         """Lend an idle context, or a new one if the limits allow; ``None``
         if the caller must wait."""
-        if self._idle:
-            context = self._idle.pop()
-        elif self._may_grow():
-            # Reserve the place and the bytes while it is made, so that
-            # callers growing meanwhile count it against the limits.
-            reserved = self._cost()
-            self._count += 1
-            self._bytes += reserved
+        retried = False
+        while not self._idle and self._may_grow():
+            others, attempts = self._making, self._attempts
             try:
-                context = await self._grow(reserved)
+                context = await self._grow()
             except OutOfMemoryError:
-                if self._count == 0:
-                    raise  # nothing will come back: the graph does not fit
-                return None  # wait for one of the others instead
+                if self._count:
+                    # Wait for one of the others instead (or take the one
+                    # that came back, to the idle list, while we tried).
+                    self._full = True  # only a dropped context makes room
+                    break
+                if not retried and (others or self._attempts != attempts + 1):
+                    # Half-made contexts crowded each other out: alone (the
+                    # others wait while the pool is full), one may fit.
+                    retried = self._full = True
+                    continue
+                self._wake_grower()  # the others try too (and fail clearly)
+                raise  # nothing will come back: the graph does not fit
             if self._closed:  # closed while it was made
                 self._drop(context)
                 raise ClosedResourceError("the executor was closed while waiting")
-        else:
+            self._lent.add(context)
+            return context
+        if not self._idle:
             return None
+        context = self._idle.pop()
         self._lent.add(context)
         return context
 
-    async def _grow(self, reserved: int) -> C:
+    async def _grow(self) -> C:
         """Make a context off the event loop (allocation, streams, kernel
         binding and, for remote devices, round trips take milliseconds or
-        more), in the place :meth:`_take` reserved. A caller cancelled
-        meanwhile leaves the finished context idle for the next caller; one
-        that left before the thread finished (asyncio's own cancellation does
-        not wait for it) gives up the place, and the thread closes what it
-        made."""
+        more). A caller cancelled meanwhile leaves the finished context idle
+        for the next caller; one that left before the thread finished
+        (asyncio's own cancellation does not wait for it) gives up the
+        place, and the thread closes what it made."""
+        # Reserve the place and the bytes while it is made, so that callers
+        # growing meanwhile count it against the limits.
+        reserved = self._cost()
+        self._count += 1
+        self._bytes += reserved
+        self._making += 1
+        self._attempts += 1
         made: list[C] = []
         handover = threading.Lock()
         left: list[bool] = []
@@ -287,9 +312,10 @@ class ContextPool(Generic[C]):
 
         try:
             await anyio.to_thread.run_sync(make)
-        except BaseException:
+        except BaseException as error:
             with handover:
                 left.append(True)
+            self._making -= 1
             if made:  # cancelled once it was made: keep it for others
                 self._bytes += made[0].nbytes - reserved
                 self._lent.add(made[0])
@@ -297,8 +323,10 @@ class ContextPool(Generic[C]):
             else:
                 self._count -= 1
                 self._bytes -= reserved
-                self._wake_grower()  # others may still succeed (or fail clearly)
+                if not isinstance(error, OutOfMemoryError):  # (the caller decides)
+                    self._wake_grower()  # others may still succeed (or fail clearly)
             raise
+        self._making -= 1
         self._bytes += made[0].nbytes - reserved
         return made[0]
 
@@ -347,6 +375,7 @@ class ContextPool(Generic[C]):
         self._lent.discard(context)
         self._count -= 1
         self._bytes -= context.nbytes
+        self._full = False  # its memory is free again
         context.close()
 
     def clear_idle(self) -> None:
@@ -355,6 +384,7 @@ class ContextPool(Generic[C]):
             context = self._idle.pop()
             self._count -= 1
             self._bytes -= context.nbytes
+            self._full = False
             context.close()
 
     def close(self) -> None:
