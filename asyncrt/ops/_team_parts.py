@@ -49,6 +49,8 @@ _POINTERS = {
     np.dtype(np.float64): "doubles_",
     np.dtype(np.int64): "ints_",
     np.dtype(np.bool_): "bools_",
+    np.dtype(np.uint32): "uints_",  # (float32s' bits)
+    np.dtype(np.uint64): "ulongs_",  # (float64s' bits)
 }
 #: Work (multiply-adds, window cells) a kernel has at least before it is
 #: split over the team: a few microseconds on one thread, a launch costing

@@ -65,8 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import _threads
-from . import _common, _jit, _packed, _scratch, _team_blas, _winograd4
+from . import _common, _jit, _packed, _scratch, _team_blas, _team_parts, _winograd4
 from ._common import Array
 from ._im2col import CHUNK_BYTES
 
@@ -101,9 +100,13 @@ MIN_TILES_4 = 36
 PER_CALL_MIN_TILES = 576
 
 #: Multiply-adds (of the im2col GEMM) each thread gets at least before a
-#: transform is split over threads: split at batch 1, ResNet-18's
-#: transforms ran slower in the model (the BLAS threads that just ran the
-#: previous GEMMs still spin on the cores).
+#: transform is split over the part pool's threads, where the native team
+#: is not available (:func:`_team_parts.shares`): split at batch 1,
+#: ResNet-18's transforms ran slower in the model (the team's threads that
+#: just ran the GEMMs still spin on the cores, and a pool thread wakes
+#: late). On the team they split: 64 channels of 56 x 56 at F(4 x 4), two
+#: threads, input transform 130 -> 78 us, output 55 -> 29, the layer 0.52-0.66
+#: -> 0.41 ms.
 MIN_WORK_PER_THREAD = 300_000_000
 
 #: Elements between two of the 16 planes of ``V`` and ``M`` beyond a
@@ -411,8 +414,8 @@ def bind_winograd(
     u = packed(w, tile) if constant_weights else own_u
     shift = np.zeros(k, dtype) if bias is None else bias
     work = n * k * c * 9 * out_h * out_w
-    in_shares = _threads.shares(c, work // MIN_WORK_PER_THREAD)
-    out_shares = _threads.shares(k, work // MIN_WORK_PER_THREAD)
+    in_shares = _team_parts.shares(c, work, MIN_WORK_PER_THREAD)
+    out_shares = _team_parts.shares(k, work, MIN_WORK_PER_THREAD)
     large = np.zeros((len(in_shares), 1), np.int64)
     unsigned = np.dtype(f"u{dtype.itemsize}")
     bits = x.view(unsigned)
