@@ -319,6 +319,22 @@ def configured_cases() -> list[Case]:
                     [np.empty((n, c, 1, 1), F32)],
                 )
             )
+        reduced = max(8, c // 4)  # a squeeze-excitation's hidden layer
+        cases.append(
+            Case(
+                f"squeeze_excite n{n} {c}/{reduced} {hw}x{hw}",
+                "squeeze_excite",
+                {"gate": "hard_sigmoid", "alpha": 1 / 6, "beta": 0.5},
+                [
+                    x,
+                    _rand(reduced, c, 1, 1),
+                    _rand(reduced),
+                    _rand(c, reduced, 1, 1),
+                    _rand(c),
+                ],
+                [np.empty_like(x)],
+            )
+        )
         cases.append(
             Case(
                 f"batch_norm n{n} {c} {hw}x{hw}",

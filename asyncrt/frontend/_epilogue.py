@@ -36,6 +36,15 @@ as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
   ``perm_a``, ``perm_b`` and ``perm_out`` (those present): attention's head
   splits and merges as views instead of copies.
 
+* a CNN's squeeze-excitation (MobileNetV3's, as torchvision exports it):
+  ``GlobalAveragePool(X) -> Conv(W1, B1) -> Relu -> Conv(W2, B2) ->
+  HardSigmoid`` (or ``Sigmoid``) ``-> Mul(X)``, both convolutions 1 x 1
+  without pads, strides, dilations or groups, becomes
+  ``SqueezeExcite(X, W1, B1, W2, B2)`` with attributes ``gate``
+  (``"hard_sigmoid"`` or ``"sigmoid"``), ``alpha`` and ``beta``: six
+  launches of microseconds each where the gate is computed on 1 x 1
+  planes.
+
 A node is only absorbed where nothing else reads its output (no other
 node, no graph output); the fused node takes the last member's output
 name, so readers and graph outputs need no change.
@@ -45,7 +54,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -59,28 +68,39 @@ Const = Callable[[str], "np.ndarray[Any, Any] | None"]
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def fuse_epilogues(graph: onnx.GraphProto, const: Const, opset: int) -> int:
+def fuse_epilogues(
+    graph: onnx.GraphProto,
+    const: Const,
+    opset: int,
+    activations: Mapping[str, str] | None = None,
+) -> int:
     """Fuse ``graph``'s epilogues in place (see the module docstring).
 
     :param const: the value of a constant tensor by name, or ``None``.
     :param opset: the model's opset of the default domain.
+    :param activations: the activation each Conv applies, by its output
+        (a Relu folded into it before: :mod:`._rewrite`).
     :return: how many nodes were absorbed into others.
     """
-    fuser = _Fuser(graph, const)
+    fuser = _Fuser(graph, const, activations or {})
     count = fuser.matmul_bias() + fuser.add_layer_norm()
     if opset >= 13:  # before, Softmax flattens its input from the axis on
         count += fuser.scale_add_softmax()
     count += fuser.compose_transposes()
     count += fuser.transposed_matmuls()
+    count += fuser.squeeze_excitations()
     if count:
         fuser.commit()
     return count
 
 
 class _Fuser:
-    def __init__(self, graph: onnx.GraphProto, const: Const) -> None:
+    def __init__(
+        self, graph: onnx.GraphProto, const: Const, activations: Mapping[str, str]
+    ) -> None:
         self.graph = graph
         self.const = const
+        self.activations = activations
         self.nodes: list[onnx.NodeProto | None] = list(graph.node)
         self.readers = Counter(n for node in graph.node for n in node.input if n)
         self.outputs = {out.name for out in graph.output}
@@ -450,6 +470,76 @@ class _Fuser:
                 self.nodes[mask_index] = None
             count += 1 if mask_index is None else 2
         return count
+
+    def squeeze_excitations(self) -> int:
+        count = 0
+        for index, node in enumerate(self.nodes):
+            if node is None or not is_op(node, "GlobalAveragePool"):
+                continue
+            x = str(node.input[0])
+            try:
+                first_index, first = self.only_reader(node.output[0], "Conv")
+                hidden, absorbed = str(first.output[0]), [index, first_index]
+                if self.activations.get(hidden) != "relu":  # (not folded in)
+                    relu_index, relu = self.only_reader(hidden, "Relu")
+                    hidden = str(relu.output[0])
+                    absorbed.append(relu_index)
+                second_index, second = self.only_reader(hidden, "Conv")
+                gate_index, gate_node, gate = self.gate(second.output[0])
+                mul_index, mul = self.only_reader(gate_node.output[0], "Mul")
+                if self.other(mul, gate_node.output[0]) != x:
+                    continue
+            except LookupError:
+                continue
+            if not (self.pointwise(first) and self.pointwise(second)):
+                continue
+            fused = onnx.helper.make_node(
+                "SqueezeExcite",
+                [x, *first.input[1:3], *second.input[1:3]],
+                [mul.output[0]],
+                name=mul.name,
+                domain=PRIVATE_DOMAIN,
+                **gate,
+            )
+            self.nodes[mul_index] = fused
+            absorbed += [second_index, gate_index]
+            for position in absorbed:
+                self.nodes[position] = None
+            count += len(absorbed)
+        return count
+
+    def gate(self, y: str) -> tuple[int, onnx.NodeProto, dict[str, Any]]:
+        """The ``HardSigmoid`` or ``Sigmoid`` that alone reads ``y``: its
+        index, the node and ``SqueezeExcite``'s attributes for it."""
+        try:
+            index, node = self.only_reader(y, "HardSigmoid")
+        except LookupError:
+            index, node = self.only_reader(y, "Sigmoid")
+            return index, node, {"gate": "sigmoid", "alpha": 1.0, "beta": 0.0}
+        given = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        alpha, beta = float(given.get("alpha", 0.2)), float(given.get("beta", 0.5))
+        return index, node, {"gate": "hard_sigmoid", "alpha": alpha, "beta": beta}
+
+    def pointwise(self, conv: onnx.NodeProto) -> bool:
+        """Whether ``conv`` is a 1 x 1 convolution of one group, no pads,
+        strides or dilations, with constant weights and bias."""
+        if len(conv.input) != 3 or not all(conv.input):
+            return False
+        weights, bias = self.const(conv.input[1]), self.const(conv.input[2])
+        if weights is None or bias is None or weights.ndim < 3:
+            return False
+        if any(size != 1 for size in weights.shape[2:]) or weights.dtype not in _FLOATS:
+            return False
+        given = {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute}
+        plain: dict[str, Callable[[Any], bool]] = {
+            "group": lambda v: v == 1,
+            "auto_pad": lambda v: v in (b"NOTSET", b"VALID", "NOTSET", "VALID"),
+            "kernel_shape": lambda v: all(k == 1 for k in v),
+            "strides": lambda v: all(k == 1 for k in v),
+            "dilations": lambda v: all(k == 1 for k in v),
+            "pads": lambda v: not any(v),
+        }
+        return all(key in plain and plain[key](value) for key, value in given.items())
 
     def nodes_output(self, index: int) -> str:
         node = self.nodes[index]

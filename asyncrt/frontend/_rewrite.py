@@ -108,7 +108,7 @@ def rewrite(
     merged = state.merge_matmuls(opset)
     if folded or activations or merged:
         state.commit()
-    fused = fuse_epilogues(copy.graph, state.const, opset)
+    fused = fuse_epilogues(copy.graph, state.const, opset, activations)
     if not folded and not activations and not merged and not fused:
         return Rewritten(model, weights=held)
     if fused:

@@ -15,6 +15,10 @@
 * ``ScaleWhereSoftmax(X, C, K, F)``, attributes ``divide`` and ``keep``:
   ``Softmax(Where(K, X / C, F))`` (``Where(K, F, X / C)`` with ``keep``
   0) over the last axis, the library's ``scale_where_softmax``.
+* ``SqueezeExcite(X, W1, B1, W2, B2)``, attributes ``gate``
+  (``"hard_sigmoid"`` or ``"sigmoid"``), ``alpha`` and ``beta``: ``X``
+  times ``gate(W2 relu(W1 mean(X) + B1) + B2)`` per channel, ``W1`` and
+  ``W2`` 1 x 1 convolutions' weights, the library's ``squeeze_excite``.
 """
 
 from __future__ import annotations
@@ -170,3 +174,32 @@ def _transposed_matmul(ctx: NodeContext) -> Lowering:
     perms["perm_out"] = out
     ctx.correct_outputs([TensorSpec(result, ctx.spec(0).dtype)])
     return Call("matmul_views", (0, 1), perms)
+
+
+@private_rule("SqueezeExcite", "Mul", attrs=("gate", "alpha", "beta"))
+def _squeeze_excite(ctx: NodeContext) -> Lowering:
+    x, w1, b1, w2, b2 = (ctx.spec(i) for i in range(5))
+    rank = len(x.shape)
+    channels = x.shape[1] if rank >= 3 else None
+    reduced = w1.shape[0] if w1.shape else None
+    ones = (1,) * (rank - 2)
+    if (
+        channels is None
+        or w1.shape != (reduced, channels, *ones)
+        or b1.shape != (reduced,)
+        or w2.shape != (channels, reduced, *ones)
+        or b2.shape != (channels,)
+        or len({s.dtype for s in (x, w1, b1, w2, b2)}) != 1
+    ):
+        reason = "cannot excite {} by 1 x 1 weights {}, {} and biases {}, {}".format(
+            *(list(s.shape) for s in (x, w1, w2, b1, b2))
+        )
+        raise ctx.unsupported(reason) from InferenceFailed(reason)
+    ctx.refuse("gate", ("hard_sigmoid", "sigmoid"))
+    ctx.correct_outputs([TensorSpec(x.shape, x.dtype)])
+    attrs = {
+        "gate": str(ctx.attr("gate", "hard_sigmoid")),
+        "alpha": float(ctx.attr("alpha", 0.2)),
+        "beta": float(ctx.attr("beta", 0.5)),
+    }
+    return Call("squeeze_excite", (0, 1, 2, 3, 4), attrs)

@@ -41,6 +41,15 @@ round trip through memory per op:
   then the softmax in place: the unfused bits, without the Where's pass
   and tensor. float32 with numba: one compiled pass per block of rows
   (``scale_where_softmax_rows``), as ``scale_add_softmax``.
+* ``squeeze_excite(x, w1, b1, w2, b2, out)``, attributes ``gate``
+  (``"hard_sigmoid"`` or ``"sigmoid"``), ``alpha`` and ``beta``: a CNN's
+  squeeze-excitation, ``x`` times ``gate(w2 relu(w1 mean(x) + b1) + b2)``
+  per channel (``w1`` and ``w2`` 1 x 1 convolutions' weights): one
+  compiled call an image with numba (float32), the channel means, the two
+  small products and the scaling (the unfused graph: six launches, five
+  of them on 1 x 1 planes); else numpy's passes. The means and the
+  products sum in another order than the unfused kernels' (float32
+  rounding).
 * ``matmul_views(a, b, out)``, attributes ``perm_a``, ``perm_b`` and
   ``perm_out`` (each a permutation or ``None``): attention's ``Transpose ->
   MatMul -> Transpose`` as one matmul over transposed views. BLAS reads a
@@ -506,6 +515,72 @@ def _copies_right(right: Array) -> bool:
         and right.strides[-1] != right.itemsize
         and right.shape[-1] >= MIN_COPIED_COLUMNS
     )
+
+
+#: ``squeeze_excite``'s gates.
+GATES = ("hard_sigmoid", "sigmoid")
+
+
+def _squeeze_excite_flops(
+    ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]
+) -> float:
+    """The mean and the scaling (a flop an element each), and the two
+    products' multiply-adds."""
+    x, w1 = ins[0], ins[1]
+    images = x.shape[0] if x.shape else 1
+    return 2.0 * x.size + 4.0 * images * w1.size
+
+
+@define("squeeze_excite", flops=_squeeze_excite_flops)
+def _squeeze_excite(xp: ModuleType, attrs: Attrs) -> Kernel:
+    sigmoid = choice(attrs, "gate", GATES) == "sigmoid"
+    alpha, beta = number(attrs, "alpha"), number(attrs, "beta")
+
+    def passes(
+        x: Array, w1: Array, b1: Array, w2: Array, b2: Array, out: Array
+    ) -> None:
+        images, channels = x.shape[:2]
+        reduced = w1.shape[0]
+        means = x.reshape(images, channels, -1).mean(axis=2, dtype=x.dtype)
+        hidden = xp.matmul(means, w1.reshape(reduced, channels).T) + b1
+        xp.maximum(hidden, 0, out=hidden)
+        gate = xp.matmul(hidden, w2.reshape(channels, reduced).T) + b2
+        if sigmoid:
+            gate = 1 / (1 + xp.exp(-gate))
+        else:
+            gate = xp.clip(gate * gate.dtype.type(alpha) + gate.dtype.type(beta), 0, 1)
+        xp.multiply(x, gate.reshape(images, channels, *(1,) * (x.ndim - 2)), out=out)
+
+    def bind(
+        x: Array, w1: Array, b1: Array, w2: Array, b2: Array, out: Array
+    ) -> Callable[[], None]:
+        if out.size and _compiles(x, w1, b1, w2, b2, out):
+            images, channels = x.shape[:2]
+            reduced = w1.shape[0]
+            area = x.size // (images * channels)
+            arrays = (
+                x.reshape(images, channels, area),
+                w1.reshape(reduced, channels),
+                b1,
+                w2.reshape(channels, reduced),
+                b2,
+                out.reshape(images, channels, area),
+                np.empty((images, channels), np.float32),  # each image's means
+                np.empty((images, reduced), np.float32),  # and hidden layer
+                sigmoid,
+                np.float32(alpha),
+                np.float32(beta),
+            )
+            loop = _epijit.loop("squeeze_excite")
+            return _epijit.bind_rows(loop, arrays, images, channels * area)
+        return functools.partial(passes, x, w1, b1, w2, b2, out)
+
+    def squeeze_excite(
+        x: Array, w1: Array, b1: Array, w2: Array, b2: Array, out: Array
+    ) -> None:
+        bind(x, w1, b1, w2, b2, out)()
+
+    return Bindable(squeeze_excite, bind)
 
 
 @define("matmul_views", flops=_matmul_views_flops, blas=True)

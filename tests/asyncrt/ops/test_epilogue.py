@@ -344,3 +344,69 @@ def test_loops_split_over_threads_give_the_same_rows(
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     finally:
         lease.release()
+
+
+def _unfused_squeeze_excite(
+    x: np.ndarray[Any, Any],
+    w1: np.ndarray[Any, Any],
+    b1: np.ndarray[Any, Any],
+    w2: np.ndarray[Any, Any],
+    b2: np.ndarray[Any, Any],
+    gate: str,
+) -> np.ndarray[Any, Any]:
+    """The library's unfused kernels in the graph's order: GAP, 1 x 1 conv
+    with ReLU, 1 x 1 conv, the gate, the product."""
+    pooled = np.empty((*x.shape[:2], 1, 1), x.dtype)
+    _op("global_avg_pool")(x, pooled)
+    hidden = np.empty((x.shape[0], w1.shape[0], 1, 1), x.dtype)
+    conv = {"kernel_shape": [1, 1], "strides": [1, 1], "dilations": [1, 1]}
+    conv |= {"pads": [0] * 4, "auto_pad": "NOTSET", "group": 1, "bias": True}
+    _op("conv", **conv, activation="relu")(pooled, w1, b1, hidden)
+    logits = np.empty((*x.shape[:2], 1, 1), x.dtype)
+    _op("conv", **conv, activation="none")(hidden, w2, b2, logits)
+    scale = np.empty_like(logits)
+    if gate == "sigmoid":
+        sigmoid = global_namespace_func("sigmoid", "numpy")
+        assert sigmoid is not None
+        sigmoid(logits, scale)
+    else:
+        _op("hard_sigmoid", alpha=1 / 6, beta=0.5)(logits, scale)
+    return x * scale
+
+
+@pytest.mark.parametrize("compiled", ENGINES)
+@pytest.mark.parametrize("gate", ["hard_sigmoid", "sigmoid"])
+@pytest.mark.parametrize("shape", [(1, 16, 14, 14), (3, 40, 7, 7), (2, 24, 1, 1)])
+def test_squeeze_excite_equals_the_unfused_block(
+    compiled: bool, gate: str, shape: tuple[int, ...], monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(_jit, "enabled", compiled)
+    channels, reduced = shape[1], max(1, shape[1] // 4)
+    x = _float(*shape)
+    w1, b1 = _float(reduced, channels, 1, 1) * 0.5, _float(reduced)
+    w2, b2 = _float(channels, reduced, 1, 1) * 0.5, _float(channels)
+    want = _unfused_squeeze_excite(x, w1, b1, w2, b2, gate)
+    kernel = _op("squeeze_excite", gate=gate, alpha=1 / 6, beta=0.5)
+    out = np.full_like(x, np.nan)
+    kernel.bind(x, w1, b1, w2, b2, out)()
+    # (the means and the products sum in another order)
+    np.testing.assert_allclose(out, want, rtol=2e-6, atol=2e-6)
+    again = np.full_like(x, np.nan)
+    kernel(x, w1, b1, w2, b2, again)
+    np.testing.assert_array_equal(again, out)
+
+
+def test_squeeze_excite_in_place_and_in_float64() -> None:
+    x = RNG.standard_normal((2, 12, 6, 6))
+    w1, b1 = RNG.standard_normal((3, 12, 1, 1)), RNG.standard_normal(3)
+    w2, b2 = RNG.standard_normal((12, 3, 1, 1)), RNG.standard_normal(12)
+    want = _unfused_squeeze_excite(x, w1, b1, w2, b2, "sigmoid")
+    kernel = _op("squeeze_excite", gate="sigmoid", alpha=1.0, beta=0.0)
+    x32 = x.astype(np.float32)
+    args32 = [a.astype(np.float32) for a in (w1, b1, w2, b2)]
+    want32 = _unfused_squeeze_excite(x32, *args32, "sigmoid")
+    kernel.bind(x32, *args32, x32)()  # the output over the input
+    np.testing.assert_allclose(x32, want32, rtol=2e-6, atol=2e-6)
+    out = np.empty_like(x)
+    kernel.bind(x, w1, b1, w2, b2, out)()  # float64: numpy's passes
+    np.testing.assert_allclose(out, want, rtol=1e-12)
