@@ -193,12 +193,18 @@ def bind_parts(
     def args(part: int) -> tuple[Any, ...]:
         return tuple(a[part] if i in per_part else a for i, a in enumerate(arrays))
 
+    from . import _team_parts  # (imports numba's pieces: only once kernels compile)
+
     if len(shares) == 1:
         first, last = shares[0]
+        # one ctypes call of the slots, not numba's dispatcher (which
+        # checks every argument's type on each call)
+        alone = _team_parts.bind_alone(kernel, args(0), shares[0], trailing)
+        if alone is not None:
+            return alone
         call = (*args(0), first, last, *trailing)
         specialise(kernel, call)
         return functools.partial(kernel, *call)
-    from . import _team_parts  # (imports numba's pieces: only once kernels compile)
 
     # (the team's wrapper compiles the kernel into its own code: a
     # specialisation for these arrays would be compiled in vain)

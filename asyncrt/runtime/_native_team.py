@@ -37,6 +37,7 @@ from . import _part_pool, _threads
 __all__ = (
     "CROWDED_MIN_WORK",
     "CROWDED_PARTS_PER_THREAD",
+    "alone",
     "launcher",
     "share",
     "teams_available",
@@ -125,6 +126,13 @@ def use() -> None:
     <asyncrt.runtime._threads.ThreadLimits.put_blas_on_team>`)."""
     if not _threads.limits.blas_on_team and teams_available():
         _threads.limits.put_blas_on_team()
+
+
+def alone(address: int) -> Callable[[int], None]:
+    """``call(data)``: the compiled ``void work(void *data)`` at ``address``
+    on the calling thread (a ``ctypes`` call, the GIL released)."""
+    work: Callable[[int], None] = _WORK(address)
+    return work
 
 
 def launcher(address: int) -> Callable[..., None]:
