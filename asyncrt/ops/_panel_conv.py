@@ -79,8 +79,10 @@ _NO_BIAS = np.zeros(1, _FLOAT32)
 #: images, K, D, P, channel blocks, flags, the addresses of the packed
 #: weights, x (and its image stride, in floats), out (and its image
 #: stride), bias and its length; the parts per image: runs of channel
-#: blocks, runs of 32 positions; the row strides of x and out (floats).
-_SLOTS = 19
+#: blocks, runs of 32 positions; the row strides of x and out (floats);
+#: the step from one image's packed weights to the next (floats: 0 where
+#: every image takes the same).
+_SLOTS = 20
 
 _SOURCE = (
     COMMON_SOURCE
@@ -323,7 +325,6 @@ def conv_claimed(data):
     parts, images, channels, depth, width = d[1], d[2], d[3], d[4], d[5]
     blocks, flags = d[6], d[7]
     x_step, out_step, block_parts, strip_parts = d[10], d[12], d[15], d[16]
-    w = numba.carray(floats_(d[8]), (blocks, depth, ROWS))
     bias = numba.carray(floats_(d[13]), d[14])
     strips = max(1, width // 32)
     per_image = block_parts * strip_parts
@@ -333,7 +334,9 @@ def conv_claimed(data):
             return
         image, rest = i // per_image, i % per_image
         bp, sp = rest // strip_parts, rest % strip_parts
-        # rows of their strides (d[17], d[18]), the columns past width unread
+        # rows of their strides (d[17], d[18]), the columns past width unread;
+        # a stack's image takes its own weights (d[19] floats further on)
+        w = numba.carray(floats_(d[8] + 4 * image * d[19]), (blocks, depth, ROWS))
         x = numba.carray(floats_(d[9] + 4 * image * x_step), (depth, d[17]))
         out = numba.carray(floats_(d[11] + 4 * image * out_step), (channels, d[18]))
         first = 32 * (strips * sp // strip_parts)
@@ -362,7 +365,10 @@ def _kernel_address() -> int:
 
 def pack(w: Array) -> Array:
     """``w`` ``(K, D)`` as ``(ceil(K / ROWS), D, ROWS)`` float32 blocks, the
-    last block's channels past ``K`` zero."""
+    last block's channels past ``K`` zero; a stack ``(N, K, D)`` as ``(N,
+    ceil(K / ROWS), D, ROWS)``, each matrix packed alike."""
+    if w.ndim == 3:
+        return np.stack([pack(matrix) for matrix in w])
     channels, depth = w.shape
     blocks = -(-channels // ROWS)
     padded = np.zeros((blocks * ROWS, depth), _FLOAT32)
@@ -372,22 +378,23 @@ def pack(w: Array) -> Array:
 
 def takes(w: Array, x: Array, out: Array, bias: Array | None = None) -> bool:
     """Whether :func:`bind` takes ``out[n] = w @ x[n] (+ bias)``: numpy
-    float32, ``w`` a non-empty C-contiguous ``(K, D)`` matrix, ``x`` ``(N,
-    D, P)`` and ``out`` ``(N, K, P)`` with contiguous rows (any row and
-    image strides: a chunk of a column matrix, of an output's planes),
-    ``bias`` ``(K,)`` C-contiguous."""
+    float32, ``w`` a non-empty C-contiguous ``(K, D)`` matrix (or a stack
+    ``(N, K, D)``: ``out[n] = w[n] @ x[n]``), ``x`` ``(N, D, P)`` and
+    ``out`` ``(N, K, P)`` with contiguous rows (any row and image strides:
+    a chunk of a column matrix, of an output's planes), ``bias`` ``(K,)``
+    C-contiguous."""
     matrices = (w,) if bias is None else (w, bias)
     return (
         all(isinstance(a, np.ndarray) and a.dtype == _FLOAT32 for a in (w, x, out))
         and all(a.flags.c_contiguous for a in matrices)
         and (bias is None or (isinstance(bias, np.ndarray) and bias.dtype == _FLOAT32))
-        and (bias is None or bias.shape == w.shape[:1])
-        and w.ndim == 2
+        and (bias is None or bias.shape == w.shape[-2:-1])
+        and (w.ndim == 2 or (w.ndim == 3 and w.shape[0] == x.shape[0]))
         and w.size > 0
         and x.ndim == out.ndim == 3
         and x.shape[0] == out.shape[0]
-        and x.shape[1] == w.shape[1]
-        and out.shape[1] == w.shape[0]
+        and x.shape[1] == w.shape[-1]
+        and out.shape[1] == w.shape[-2]
         and x.shape[2] == out.shape[2]
         and _rows_contiguous(x)
         and _rows_contiguous(out)
@@ -416,19 +423,39 @@ def bind(
     relu: bool = False,
     hard_swish: bool = False,
 ) -> Callable[[], None]:
-    """``out[n] = w @ x[n]`` for every image ``n`` (:func:`takes` holds;
-    ``w``'s values fixed for the binding's life: packed now), ``+ bias``
+    """``out[n] = w @ x[n]`` (a stack of weights: ``w[n] @ x[n]``) for
+    every image ``n`` (:func:`takes` holds; ``w``'s values fixed for the
+    binding's life: packed now), ``+ bias``
     per channel then ReLU as blocks are stored, as a call without
     arguments.
 
     :param bias: ``(K,)`` float32, C-contiguous, read each call.
     """
+    kind = "panel_conv_stack" if w.ndim == 3 else "panel_conv"
+    packed = _packed.shared(kind, w, pack)
+    return bind_packed(
+        packed, w.shape[-2], x, out, bias=bias, relu=relu, hard_swish=hard_swish
+    )
+
+
+def bind_packed(
+    packed: Array,
+    channels: int,
+    x: Array,
+    out: Array,
+    *,
+    bias: Array | None = None,
+    relu: bool = False,
+    hard_swish: bool = False,
+) -> Callable[[], None]:
+    """:func:`bind` of weights :func:`pack` made: ``packed`` (a stack's
+    with one matrix an image) of ``channels`` output channels; :func:`takes`
+    holds for the weights it was made of."""
     run = _native_team.launcher(_kernel_address())
     _native_team.use()
-    packed = _packed.shared("panel_conv", w, pack)
+    stacked = packed.ndim == 4
     images, depth, width = x.shape
-    channels = w.shape[0]
-    blocks = packed.shape[0]
+    blocks = packed.shape[-3]
     shift = _NO_BIAS if bias is None else bias
     flags = (0 if bias is None else BIAS_FLAG) | (RELU_FLAG if relu else 0)
     flags |= HARD_SWISH_FLAG if hard_swish else 0
@@ -439,6 +466,7 @@ def bind(
     slots += [packed.ctypes.data, x.ctypes.data, x_image, out.ctypes.data]
     slots += [out_image, shift.ctypes.data, shift.size, 1, 1]
     slots += [x_row if depth > 1 else width, out_row if channels > 1 else width]
+    slots.append(packed[0].size if stacked else 0)
     data = np.array(slots, np.int64)
     address = data.ctypes.data
     held = (packed, x, out, shift)  # (the addresses in data stay valid)

@@ -162,6 +162,40 @@ def test_the_epilogue_gives_the_passes_bits(
     assert (np.signbit(out) == np.signbit(want)).all()
 
 
+@pytest.mark.parametrize("mode", ["one thread", "two threads", "crowded"])
+@pytest.mark.parametrize(
+    ("images", "channels", "depth", "positions"),
+    [(16, 13, 7, 17), (36, 24, 40, 49), (2, 8, 1100, 33)],  # (the last chunked)
+)
+def test_a_stack_multiplies_each_image_by_its_own_weights(
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    images: int,
+    channels: int,
+    depth: int,
+    positions: int,
+) -> None:
+    """Winograd's positions: ``out[n] = w[n] @ x[n]``, with ``x`` and
+    ``out`` planes spaced as the Winograd kernel spaces them."""
+    monkeypatch.setattr(_threads.limits, "threads", 1 if mode == "one thread" else 2)
+    monkeypatch.setattr(_threads.limits, "gemm_parts", 2 if mode == "crowded" else 1)
+    monkeypatch.setattr(_panel_conv, "MIN_PARALLEL_WORK", 0)
+    w = _f(images, channels, depth)
+    x = _f(images, depth, positions + 3)[:, :, :positions]  # spaced planes
+    out_storage = np.full((images, channels, positions + 5), np.nan, np.float32)
+    out = out_storage[:, :, :positions]
+    assert _panel_conv.takes(w, x, out)
+    assert not _panel_conv.takes(w[:-1], x, out)  # a matrix for every image
+    call = _panel_conv.bind(w, x, out)
+    call()
+    want = np.einsum("nkd,ndp->nkp", w.astype(np.float64), x.astype(np.float64))
+    _close(out, want)
+    assert np.isnan(out_storage[:, :, positions:]).all()
+    again = np.empty_like(out)
+    _panel_conv.bind_packed(_panel_conv.pack(w), channels, x, again)()
+    np.testing.assert_array_equal(again, out)
+
+
 def test_what_it_takes() -> None:
     w, x, out = _f(4, 8), _f(2, 8, 9), np.empty((2, 4, 9), np.float32)
     assert _panel_conv.takes(w, x, out, _f(4))
