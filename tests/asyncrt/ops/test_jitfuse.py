@@ -155,6 +155,7 @@ def test_generated_sources_are_kept_in_the_cache_folder(
         ("gelu", {"approximate": "none"}),
         ("gelu", {"approximate": "tanh"}),
         ("sign", None),
+        ("softsign", None),
     ],
 )
 def test_compiled_elementwise_ops_equal_their_numpy_kernels(
