@@ -49,6 +49,7 @@ _POINTERS = {
     np.dtype(np.float64): "doubles_",
     np.dtype(np.int64): "ints_",
     np.dtype(np.bool_): "bools_",
+    np.dtype(np.uint8): "ubytes_",  # (float8 codes)
     np.dtype(np.uint32): "uints_",  # (float32s' bits)
     np.dtype(np.uint64): "ulongs_",  # (float64s' bits)
 }

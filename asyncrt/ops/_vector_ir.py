@@ -238,9 +238,10 @@ PREAMBLE = PREAMBLE.replace("{sixth}", repr(float(np.float32(1 / 6))))
 #: cached), and intrinsics over its argument, which points to int64
 #: slots: ``slots_(data)`` (the pointer as int64 slots; with
 #: ``numba.carray``, an array of them), ``floats_(address)``,
-#: ``doubles_(address)``, ``ints_(address)``, ``uints_(address)`` and
-#: ``ulongs_(address)`` (a slot holding an address, as a float32, float64,
-#: int64, uint32 or uint64 pointer for ``numba.carray``) and
+#: ``doubles_(address)``, ``ints_(address)``, ``ubytes_(address)``,
+#: ``uints_(address)`` and ``ulongs_(address)`` (a slot holding an
+#: address, as a float32, float64, int64, uint8, uint32 or uint64 pointer
+#: for ``numba.carray``) and
 #: ``claim_(data)`` (slot 0 plus one, atomically: the old value, the next
 #: part to take).
 CLAIMS = """
@@ -270,6 +271,7 @@ ints_ = _address_as(types.int64, ir.IntType(64))
 floats_ = _address_as(types.float32, ir.FloatType())
 doubles_ = _address_as(types.float64, ir.DoubleType())
 bools_ = _address_as(types.boolean, ir.IntType(8))  # (numpy's: a byte each)
+ubytes_ = _address_as(types.uint8, ir.IntType(8))
 uints_ = _address_as(types.uint32, ir.IntType(32))
 ulongs_ = _address_as(types.uint64, ir.IntType(64))
 

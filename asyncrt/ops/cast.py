@@ -23,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from . import _jit
 from ._common import Array, choice, flag, quiet
+from ._kernels import Bindable
 from ._library import Attrs, builtin, define
 
 __all__ = ("finite_max",)
@@ -45,14 +47,106 @@ def finite_max(dtype: np.dtype[Any]) -> float:
     return float(ml_dtypes.finfo(dtype).max)
 
 
+#: The float8 formats a compiled loop casts float32 to: their exponent's
+#: bias, and whether a negative zero keeps its sign (the ``fnuz`` formats
+#: have none: their ``0x80`` is NaN).
+_FLOAT8 = {
+    "float8_e4m3fn": (7, True),
+    "float8_e4m3fnuz": (8, False),
+    "float8_e5m2": (15, True),
+    "float8_e5m2fnuz": (16, False),
+}
+
+
+def _to_float8(  # pragma: no cover - compiled by numba
+    x: Any,
+    bits: Any,
+    out: Any,
+    bound: int,
+    mant: int,
+    bias: int,
+    nan_positive: int,
+    nan_negative: int,
+    signed_zero: bool,
+    first: int,
+    last: int,
+) -> None:
+    """``out[i]`` the float8 code of float32 ``x[i]`` (``bits``: its bits),
+    saturated at the largest finite value (float32 bits
+    ``bound``), rounded to nearest even, ``mant`` mantissa bits and
+    exponent bias ``bias``; NaN as ``nan_positive`` or ``nan_negative`` by
+    its sign. Selects on int32 lanes, no branches: LLVM vectorises it."""
+    i32 = np.int32
+    shift = i32(23 - mant)
+    half = i32((1 << (22 - mant)) - 1)
+    rebias = i32((127 - bias) << mant)
+    smallest_normal = i32((128 - bias) << 23)  # the bits of 2 ** (1 - bias)
+    limit, infinity = i32(bound), i32(0x7F800000)
+    magnitude, one = i32(0x7FFFFFFF), i32(1)
+    zero_sign = i32(0x80) if signed_zero else i32(0)
+    # a subnormal code counts units of 2 ** (1 - bias - mant)
+    scale = np.float32(2.0 ** (bias - 1 + mant))
+    magic = np.float32(8388608.0)  # 2 ** 23: adding it rounds to an integer
+    positive, negative = i32(nan_positive), i32(nan_negative)
+    # (unsigned indices: numba wraps negative signed ones, which stops LLVM
+    # vectorising)
+    for i in range(np.uint64(first), np.uint64(last)):
+        word = i32(bits[i])
+        a = word & magnitude
+        clamped = a if a < limit else limit  # (NaN's code comes below)
+        normal = ((clamped + half + ((clamped >> shift) & one)) >> shift) - rebias
+        units = i32((abs(x[i]) * scale + magic) - magic)
+        code = normal if clamped >= smallest_normal else units
+        signed = word < i32(0)
+        sign = (i32(0x80) if code != i32(0) else zero_sign) if signed else i32(0)
+        nan = a > infinity
+        out[i] = (negative if signed else positive) if nan else code | sign
+
+
+def _bind_float8(a: Array, out: Array) -> Callable[[], None] | None:
+    """The compiled saturating cast of float32 ``a`` into float8 ``out``,
+    or ``None`` where it does not apply."""
+    spec = _FLOAT8.get(out.dtype.name)
+    if spec is None or not _jit.takes_pair(a, out, "float32", out.dtype.name):
+        return None
+    bias, signed_zero = spec
+    ml_dtypes = importlib.import_module("ml_dtypes")
+    mant = int(ml_dtypes.finfo(out.dtype).nmant)
+    bound = np.float32(finite_max(out.dtype)).view(np.uint32)
+    nan_codes = np.array([np.nan, -np.nan], np.float32).astype(out.dtype).view(np.uint8)
+    flat = a.reshape(-1)
+    arrays = (flat, flat.view(np.uint32), out.reshape(-1).view(np.uint8))
+    trailing = (int(bound), mant, bias, *map(int, nan_codes), signed_zero)
+    return _jit.bind_rows(
+        _jit.compile_kernel(_to_float8),
+        (*arrays, *trailing),
+        a.size,
+        1,
+        _SPLIT_ELEMENTS,
+    )
+
+
+#: Elements each part-pool thread casts at least (float8).
+_SPLIT_ELEMENTS = 1 << 20
+
+
 @builtin("saturate_cast")
-def _saturate_cast(xp: ModuleType) -> Kernel:
+def _saturate_cast(xp: ModuleType) -> Bindable:
     def saturate_cast(a: Array, out: Array) -> None:
         bound = finite_max(out.dtype)
         with quiet(xp):  # clip keeps NaN; the cast then rounds in range
             out[...] = xp.clip(a, -bound, bound)
 
-    return saturate_cast
+    def bind(a: Array, out: Array) -> Callable[[], None]:
+        # float32 into the float8 formats: one compiled loop on the bits
+        # (ml_dtypes' conversion after a clip: 6.3 us for 4096 floats)
+        compiled = _bind_float8(a, out) if xp is np else None
+        return compiled or functools.partial(saturate_cast, a, out)
+
+    def call(a: Array, out: Array) -> None:
+        bind(a, out)()
+
+    return Bindable(call, bind)
 
 
 @define("cast_e8m0")

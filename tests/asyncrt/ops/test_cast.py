@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from asyncrt import graph_executor
 from asyncrt.frontend import from_onnx
-from asyncrt.ops import lookup, lookup_builtin
+from asyncrt.ops import _jit, lookup, lookup_builtin
 
 FLOAT8 = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
 
@@ -34,14 +34,32 @@ def _bits(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return a.view(np.uint8)
 
 
+def _ties(dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """Every finite value of the float8 ``dtype``, the float32 midpoints
+    between neighbours and the floats on either side of each: where
+    rounding to nearest even decides."""
+    values = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
+    values = np.unique(values[np.isfinite(values)])
+    mids = (values[1:] + values[:-1]) / 2
+    sides = [
+        np.nextafter(mids, np.float32(np.inf)),
+        np.nextafter(mids, np.float32(-np.inf)),
+    ]
+    return np.concatenate([values, mids, *sides, np.nextafter(values, np.float32(0))])
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
 @pytest.mark.parametrize("target", FLOAT8)
 @pytest.mark.parametrize("source", [np.float32, np.float16])
-def test_saturate_cast_is_onnx_saturate_cast(target: str, source: type) -> None:
+def test_saturate_cast_is_onnx_saturate_cast(
+    target: str, source: type, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_jit, "enabled", compiled)
     definition = lookup_builtin("saturate_cast")
     assert definition is not None
     kernel = definition.make(np, {})
-    x = _floats(source)
     dtype = np.dtype(getattr(ml_dtypes, target))
+    x = np.concatenate([_floats(source), _ties(dtype).astype(source)])
     out = np.empty(x.shape, dtype)
     kernel(x, out)
     with np.errstate(all="ignore"):
