@@ -27,9 +27,11 @@ asyncrt variants (each ``ex.run_sync(**feed)``: inputs in, outputs out, as
 * ``asyncrt-onnx-default-s1``: the same with the default options.
 
 The other variants convert the workloads as ``bench_executor.to_asyncrt``
-does (built-in kernels for Add/Mul/MatMul/Tanh/...; ``Softmax`` over the
-last axis maps to the built-in ``softmax``; LayerNormalization, Transpose
-and Reshape wrap the harness's numpy kernels). ``--profile`` writes, per
+does, as a TVM graph would name them (built-in kernels for
+Add/Mul/MatMul/Tanh/...; ``Softmax`` over the last axis maps to the
+built-in ``softmax``; LayerNormalization and Transpose to the library's
+configured ``layer_norm`` and ``transpose``, Reshape to TVM's ``__nop``;
+other ops wrap the harness's numpy kernels). ``--profile`` writes, per
 workload, each node's kernel time (run alone, in plan order) under
 ``bench/results/``. ``--ops`` first prints numexpr against numpy per op.
 """
