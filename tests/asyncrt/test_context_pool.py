@@ -157,20 +157,30 @@ async def _hold(pool: ContextPool[Context], seconds: float, got: list[Context]) 
     pool.release(context)
 
 
-@pytest.mark.anyio
-async def test_contexts_are_made_concurrently_up_to_the_limit() -> None:
-    maker = Maker(room=8)
+async def _burst(
+    pool: ContextPool[Context], maker: Maker, callers: int, seconds: float, waiting: int
+) -> list[Context]:
+    """``callers`` borrow a context each for ``seconds`` at once; the makers
+    are held until ``pool.limit`` of them run (``waiting`` callers wait
+    meanwhile). The contexts each caller got, in turn."""
     maker.gate.clear()
-    pool: ContextPool[Context] = ContextPool(maker, 4)
     got: list[Context] = []
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
-            for _ in range(12):
-                tg.start_soon(_hold, pool, 0.01, got)
-            while maker.busy < 4:  # four are made at once, no more
+            for _ in range(callers):
+                tg.start_soon(_hold, pool, seconds, got)
+            while maker.busy < pool.limit:
                 await anyio.sleep(0.001)
-            assert pool.waiting == 8
+            assert pool.waiting == waiting
             maker.gate.set()
+    return got
+
+
+@pytest.mark.anyio
+async def test_contexts_are_made_concurrently_up_to_the_limit() -> None:
+    maker = Maker(room=8)
+    pool: ContextPool[Context] = ContextPool(maker, 4)
+    got = await _burst(pool, maker, 12, 0.01, waiting=8)  # four made at once
     assert maker.most_busy == 4 and maker.calls == 4
     assert (pool.size, pool.idle, len(got), len(set(got))) == (4, 4, 12, 4)
 
@@ -180,16 +190,8 @@ async def test_contexts_that_crowd_each_other_out_are_retried_alone() -> None:
     """Four contexts made at once leave no room for any; the graph fits,
     so no caller may see an out-of-memory error."""
     maker = Maker(room=1, crowding=True)
-    maker.gate.clear()
     pool: ContextPool[Context] = ContextPool(maker, 4)
-    got: list[Context] = []
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            for _ in range(6):
-                tg.start_soon(_hold, pool, 0.005, got)
-            while maker.busy < 4:
-                await anyio.sleep(0.001)
-            maker.gate.set()
+    got = await _burst(pool, maker, 6, 0.005, waiting=2)
     assert maker.calls == 5  # four crowded out, then one alone
     assert pool.size == 1 and len(got) == 6 and set(got) == {got[0]}
 
