@@ -11,8 +11,10 @@ vector over the outputs) stay in registers, and each output pixel is the
 bias plus, per tap, that vector times the tap's input value (broadcast),
 multiplied and added in one step where the CPU has FMA
 (``llvm.fmuladd``), then activated in the register (ReLU; hard-swish over
-each share's rows once they are summed, while they are in the core's
-cache: its constants would not fit beside the weights).
+each output row once it is summed, while its cells are in L1: its
+constants would not fit beside the weights; a pass over each share's rows
+after them took 32 us of the 3 -> 16 channels of 112 x 112 on two threads,
+the rows' pass 6).
 Interior pixels go a vector of them at a time: their vectors, transposed
 in registers, are runs of each output plane, stored straight into the
 NCHW output (no channels-last buffer, no copy). Pixels whose taps reach
@@ -54,7 +56,7 @@ _SOURCE = (
     + """
 CIN, KH, KW, SH, SW, DH, DW, LANES = {geometry}
 ACTIVATION = "{activation}"
-AFTER = "{after}"  # hard-swish over each share's rows once they are summed
+AFTER = "{after}"  # hard-swish over each output row once it is summed
 
 
 class _Stem:
@@ -185,18 +187,18 @@ def kernel(x, w, bias, out, first, last, top, left):
             r0 = i * SH - top
             if r0 < 0 or r0 + (KH - 1) * DH >= height:
                 stem_pixels_(x, w, bias, out, n, i, 0, out_w, top, left)
-                continue
-            stem_pixels_(x, w, bias, out, n, i, 0, low, top, left)
-            j = low
-            while j + LANES <= high:
-                stem_block_(x, w, bias, out, n, i, j, j + LANES, top, left)
-                j += LANES
-            stem_pixels_(x, w, bias, out, n, i, j, out_w, top, left)
-        if AFTER == "hard_swish":  # (the rows still in this core's cache)
-            for m in range(out.shape[1]):
-                for i in range(first, last):
-                    for j in range(out_w):
-                        out[n, m, i, j] = hswish_(out[n, m, i, j])
+            else:
+                stem_pixels_(x, w, bias, out, n, i, 0, low, top, left)
+                j = low
+                while j + LANES <= high:
+                    stem_block_(x, w, bias, out, n, i, j, j + LANES, top, left)
+                    j += LANES
+                stem_pixels_(x, w, bias, out, n, i, j, out_w, top, left)
+            if AFTER == "hard_swish":  # (the row's cells still in L1)
+                row = np.uint64(i)
+                for m in range(np.uint64(out.shape[1])):
+                    for q in range(np.uint64(out_w)):
+                        out[n, m, row, q] = hswish_(out[n, m, row, q])
 """
 )
 
@@ -271,7 +273,7 @@ def bind(
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
     # hard-swish is not applied in the registers (split_activation) but by
-    # the loop over each share's rows once summed: the pass's bits
+    # the loop over each output row once summed: the pass's bits
     inside, after = split_activation(out, activation)
     rows_after = "none" if after is None else activation
     loop = _kernel((cin, k_h, k_w, *strides, *dilations, lanes), inside, rows_after)
