@@ -3,12 +3,43 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ("encoder_block", "model_of", "small_cnn")
+__all__ = ("check_fusions", "encoder_block", "model_of", "small_cnn")
+
+
+def check_fusions(
+    model: onnx.ModelProto,
+    feeds: dict[str, Any],
+    rtol: float = 1e-5,
+    *,
+    peer_tol: float = 1e-4,
+) -> None:
+    """The import with its rewrites against ONNX Runtime (to ``peer_tol``)
+    and against the unfused import (to ``rtol``; 0: the same bits)."""
+    import onnxruntime as ort
+
+    from asyncrt import graph_executor
+    from asyncrt.frontend import from_onnx
+
+    session = ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    want = session.run(None, feeds)
+    results = []
+    for optimize in (True, False):
+        graph, params = from_onnx(model, optimize=optimize)
+        with graph_executor.create(graph, params=params) as executor:
+            results.append([o.numpy() for o in executor.run_sync(**feeds) or []])
+    fused, unfused = results
+    assert len(fused) == len(want)
+    for f, u, w in zip(fused, unfused, want, strict=True):
+        np.testing.assert_allclose(f, w, rtol=peer_tol, atol=peer_tol)
+        np.testing.assert_allclose(f, u, rtol=rtol, atol=rtol)
 
 
 def model_of(graph: onnx.GraphProto, opset: int) -> onnx.ModelProto:

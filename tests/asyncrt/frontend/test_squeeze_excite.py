@@ -17,7 +17,7 @@ from asyncrt.frontend import from_onnx
 from asyncrt.frontend._epilogue import fuse_epilogues
 from asyncrt.frontend._rewrite import rewrite
 
-from .models import model_of
+from .models import check_fusions, model_of
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -82,20 +82,7 @@ def _feeds() -> dict[str, np.ndarray[Any, Any]]:
 
 
 def _check(model: onnx.ModelProto) -> None:
-    feeds = _feeds()
-    session = ort.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    want = session.run(None, feeds)
-    results = []
-    for optimize in (True, False):
-        graph, params = from_onnx(model, optimize=optimize)
-        with graph_executor.create(graph, params=params) as executor:
-            results.append([o.numpy() for o in executor.run_sync(**feeds) or []])
-    fused, unfused = results
-    for f, u, w in zip(fused, unfused, want, strict=True):
-        np.testing.assert_allclose(f, w, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(f, u, rtol=1e-5, atol=1e-6)
+    check_fusions(model, _feeds(), peer_tol=1e-5)
 
 
 @pytest.mark.parametrize("gate", ["HardSigmoid", "Sigmoid"])

@@ -38,6 +38,14 @@ def _want(w: Any, x: Any, bias: Any = None, relu: bool = False) -> Any:
     return np.maximum(out, 0) if relu else out
 
 
+def _threads_as(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Kernel threads as ``mode`` says ("one thread", "two threads" or
+    "crowded"), every product split."""
+    monkeypatch.setattr(_threads.limits, "threads", 1 if mode == "one thread" else 2)
+    monkeypatch.setattr(_threads.limits, "gemm_parts", 2 if mode == "crowded" else 1)
+    monkeypatch.setattr(_panel_conv, "MIN_PARALLEL_WORK", 0)
+
+
 def _close(out: Any, want: Any) -> None:
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
@@ -62,9 +70,7 @@ def test_products_match_float64(
     depth: int,
     positions: int,
 ) -> None:
-    monkeypatch.setattr(_threads.limits, "threads", 1 if mode == "one thread" else 2)
-    monkeypatch.setattr(_threads.limits, "gemm_parts", 2 if mode == "crowded" else 1)
-    monkeypatch.setattr(_panel_conv, "MIN_PARALLEL_WORK", 0)
+    _threads_as(monkeypatch, mode)
     w, x = _f(channels, depth), _f(images, depth, positions)
     size = images * channels * positions
     storage = np.full(size + 40, np.nan, np.float32)
@@ -177,9 +183,7 @@ def test_a_stack_multiplies_each_image_by_its_own_weights(
 ) -> None:
     """Winograd's positions: ``out[n] = w[n] @ x[n]``, with ``x`` and
     ``out`` planes spaced as the Winograd kernel spaces them."""
-    monkeypatch.setattr(_threads.limits, "threads", 1 if mode == "one thread" else 2)
-    monkeypatch.setattr(_threads.limits, "gemm_parts", 2 if mode == "crowded" else 1)
-    monkeypatch.setattr(_panel_conv, "MIN_PARALLEL_WORK", 0)
+    _threads_as(monkeypatch, mode)
     w = _f(images, channels, depth)
     x = _f(images, depth, positions + 3)[:, :, :positions]  # spaced planes
     out_storage = np.full((images, channels, positions + 5), np.nan, np.float32)
