@@ -6,11 +6,17 @@ hands its parts to Python threads: each must take the GIL to start, and on
 the 2-core VM a sleeping one wakes 30-60 us later, as long as a GEMM of a
 served request. Here a compiled kernel is a numba ``cfunc`` taking one
 pointer, ``work(data)``, and :func:`launcher` runs it on ``threads``
-native threads at once (``GOMP_parallel``: the caller is one of them) with
-the GIL released: an empty launch takes 2.5 us on 2 cores. The threads
-take parts from a counter in ``data`` (an atomic add: ``claim_`` in
-:data:`asyncrt.ops._vector_ir.CLAIMS`) until none is left, so a thread the
-machine does not run for a while leaves its parts to the others.
+native threads at once (the caller is one of them) with the GIL released.
+The threads take parts from a counter in ``data`` (an atomic add:
+``claim_`` in :data:`asyncrt.ops._vector_ir.CLAIMS`) until none is left,
+so a thread the machine does not run for a while leaves its parts to the
+others.
+
+The threads are the process's spinning team (:mod:`._spin_team`: helpers
+started once, an empty launch about 0.8 us on 2 cores, and a helper that
+comes late is not waited for), or, where another launch holds it or it is
+not available here, a GNU OpenMP team (``GOMP_parallel``: 1.6-2.6 us, and
+its closing barrier waits for every thread).
 
 numba's own ``parallel=True`` runs on the same OpenMP runtime, but each
 such function compiles its callees again (a GEMM's: 8 s cold, against 2.0
@@ -33,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _part_pool, _threads
+from . import _spin_team as _spin
 
 __all__ = (
     "CROWDED_MIN_WORK",
@@ -135,6 +142,17 @@ def alone(address: int) -> Callable[[int], None]:
     return work
 
 
+def _spin_team() -> _spin.SpinTeam | None:
+    """The process's spinning team (:mod:`._spin_team`: a launch of
+    about 0.8 us where OpenMP's takes 1.6-2.6), made on first use with a
+    helper for every other core, or ``None`` (one core, no team here, or
+    none on this platform)."""
+    cores = _threads.available_cores()
+    if cores < 2 or not teams_available():
+        return None
+    return _spin.team(cores - 1)
+
+
 def launcher(address: int) -> Callable[..., None]:
     """``run(data, threads, crowded=False)``: the compiled ``void
     work(void *data)`` at ``address`` called on ``threads`` threads at
@@ -155,14 +173,16 @@ def launcher(address: int) -> Callable[..., None]:
     """
     alone = _WORK(address)
     getpid = os.getpid
+    spin = _spin_team()
 
     def run(data: int, threads: int, crowded: bool = False) -> None:
         if threads <= 1:
             alone(data)
         elif _launched_in == getpid() and not crowded:
-            # (the common case without the lookup's lock: a launch costs
-            # about 2.5 us, of which this saves a fifth)
-            _parallel(address, data, threads, 0)
+            # (the common case without the lookup's lock); the spinning
+            # team's launch returns 1 where another launch holds it
+            if spin is None or spin.call(spin.address, address, data, threads):
+                _parallel(address, data, threads, 0)
         elif crowded:
             _part_pool.run([functools.partial(alone, data)] * threads, threads)
         elif teams_available():

@@ -232,6 +232,16 @@ def test_no_team_where_it_is_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(_native_team, "_gomp_parallel", lambda: spy)
     monkeypatch.setattr(_native_team, "_parallel", spy)  # (the launch's fast path)
+    team = _native_team._spin_team()
+    if team is not None:  # (the launch's fastest path: the spinning team)
+        launch = team.call
+
+        def spin_spy(*args: Any) -> int:
+            launches.append(args[3])
+            held: int = launch(*args)
+            return held
+
+        monkeypatch.setattr(team, "call", spin_spy)
     a, b = _float(20, 300), _float(300, 100)
     out = np.full((20, 100), np.nan, np.float32)
     call = _panel_gemm.bind(a, b, out)
