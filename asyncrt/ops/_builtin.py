@@ -328,8 +328,9 @@ def _dense(xp: ModuleType) -> Callable[..., None]:
 #: keeps full relative precision, and a row of fewer than 2**60 of them
 #: cannot overflow its sum), and ``exp(x) / sum(exp(x))`` is the row's
 #: softmax exactly as ``exp(x - max)`` over its sum is, with one rounding
-#: fewer (no subtraction).
-NO_SHIFT_BOUND = 64.0
+#: fewer (no subtraction). The compiled loops (:mod:`asyncrt.ops._epijit`)
+#: take the same bound, a block of rows at a time.
+NO_SHIFT_BOUND = _epijit.NO_SHIFT_BOUND
 
 
 def softmax_last_axis(a: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:

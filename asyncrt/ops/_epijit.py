@@ -17,21 +17,29 @@ with :mod:`asyncrt.ops._jitmath`'s helpers and compiled once per machine
   its bytes floor against 2.2-5x for numpy's seven passes.
 * ``instance_norm(x, scale, shift, out, epsilon, channels, first, last)``:
   each row a plane of ``(N * C, H * W)``, its channel's scale and shift.
-* ``softmax_rows(x, out, first, last)``: each row's softmax, shifted by
-  its maximum (an integer maximum of order keys, which vectorises), over
-  ``_jitmath``'s ``exp_``, by blocks of rows in L1. Against numpy's six
-  passes, one thread: 1536 elements 5.9 -> 1.9 us, 49Ki 44 -> 35, 480k
-  (4 x 12 x 100 x 100) 409 -> 392, 1.5M 1342 -> 1175. NaN in a row, or an
-  infinite maximum, makes the row NaN, as the numpy passes do.
+* ``softmax_rows(x, out, first, last)``: each row's softmax over
+  ``_jitmath``'s ``exp_``, by blocks of rows in L1: a block whose values
+  all lie within ``NO_SHIFT_BOUND`` takes its exponentials unshifted (one
+  vectorised check of the block instead of each row's maximum and
+  subtraction, as the numpy passes do); another shifts each row by its
+  maximum (an integer maximum of order keys, which vectorises). Rows are
+  indexed in two dimensions (a row view costs reference counts). Against
+  numpy's six passes, one thread: 1536 elements 5.9 -> 1.9 us, 49Ki 44 ->
+  35, 480k (4 x 12 x 100 x 100) 409 -> 392, 1.5M 1342 -> 1175; rows of 16
+  then 1.6 -> 1.3 us (1536 elements). NaN in a row, or an infinite
+  maximum, makes the row NaN, as the numpy passes do.
 * ``scale_add_softmax_rows(x, scale, mask, mask_rows, out, divide, first,
   last)`` and ``scale_where_softmax_rows(x, scale, cond, cond_rows, fill,
   out, divide, keep, first, last)``: attention's scaled, masked softmax as
   one pass over memory (the scale and mask applied as each row is read,
   the mask's or condition's row for each row given by an index: a
-  broadcast mask is not expanded). Against numpy's scale and mask passes
-  before the compiled softmax, bit for bit, one thread, a causal mask:
-  4 x 12 x 100 x 100 563 -> 472 us, 8 x 12 x 128 x 128 1795 -> 1327,
-  16 x 12 x 512 x 512 70 -> 50 ms (a third of the memory traffic).
+  broadcast mask is not expanded), each row's maximum and the bound's
+  check taken as the row is written. Against numpy's scale and mask
+  passes before the compiled softmax, bit for bit, one thread, a causal
+  mask: 4 x 12 x 100 x 100 563 -> 472 us, 8 x 12 x 128 x 128 1795 -> 1327,
+  16 x 12 x 512 x 512 70 -> 50 ms (a third of the memory traffic); with
+  the maximum taken as rows are written, 1 x 6 x 16 x 16 2.8 -> 2.1 us,
+  2 x 6 x 64 x 64 40 -> 36.
 * ``squeeze_excite(x, w1, b1, w2, b2, out, means, hidden, sigmoid, alpha,
   beta, first, last)``: images ``first:last`` of ``(N, C, H * W)``, each
   channel's mean, the two 1 x 1 convolutions' products (ReLU between),
@@ -171,75 +179,145 @@ def row_max_(v):
     return _I(top ^ ((top >> 31) & _I(2147483647))).view(_F)
 
 
+@numba.njit(inline="always", error_model='numpy', boundscheck=False)
+def row_top_(a, r, width):
+    # row r's maximum (an integer maximum of order keys: it vectorises)
+    top = order_key_(a[r, 0])
+    for c in range(width):
+        k = order_key_(a[r, c])
+        top = k if k > top else top
+    return _I(top ^ ((top >> 31) & _I(2147483647))).view(_F)
+
+
+@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False,
+            fastmath={{'reassoc'}})
+def row_total_(a, r, width):
+    total = _ZERO
+    for c in range(width):
+        total += a[r, c]
+    return total
+
+
 @numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)
-def exp_normalise_(out, r0, r1):
-    # rows r0:r1 of out, each already shifted by its maximum: one flat exp
-    # pass over them (whole vectors, no remainder per row), then each row
-    # scaled by 1 / its sum
-    flat = out[r0:r1].reshape(-1)
+def bounded_(flat):
+    # whether every value is within +-_NO_SHIFT_BOUND (NaN is not)
+    outside = 0
     for i in range(flat.shape[0]):
-        flat[i] = exp_(flat[i])
+        v = flat[i]
+        outside |= 0 if (v <= _NO_SHIFT_BOUND and v >= -_NO_SHIFT_BOUND) else 1
+    return outside == 0
+
+
+@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)
+def normalise_(x, out, r0, r1, in_place):
+    # the softmax of rows r0:r1 of x into out (of out itself, in_place): the
+    # exponentials unshifted where every value of the block is within
+    # +-_NO_SHIFT_BOUND (no sum can overflow or vanish), else each row's
+    # shifted by its maximum; one flat exp pass over the block (whole
+    # vectors, no remainder per row), then each row scaled by 1 / its sum.
+    # Rows are indexed in two dimensions by unsigned integers (a row view
+    # costs reference counts; numba wraps negative signed indices).
+    width = np.uint64(out.shape[1])
+    flat = out[r0:r1].reshape(-1)
+    if in_place:
+        if not bounded_(flat):
+            for r in range(r0, r1):
+                top = row_top_(out, r, width)
+                for c in range(width):
+                    out[r, c] = out[r, c] - top
+        for i in range(flat.shape[0]):
+            flat[i] = exp_(flat[i])
+    else:
+        source = x[r0:r1].reshape(-1)
+        if bounded_(source):
+            for i in range(flat.shape[0]):
+                flat[i] = exp_(source[i])
+        else:
+            for r in range(r0, r1):
+                top = row_top_(x, r, width)
+                for c in range(width):
+                    out[r, c] = x[r, c] - top
+            for i in range(flat.shape[0]):
+                flat[i] = exp_(flat[i])
     for r in range(r0, r1):
-        row = out[r]
-        inv = _ONE / row_sum_(row)
-        for c in range(row.shape[0]):
-            row[c] = row[c] * inv
+        inv = _ONE / row_total_(out, r, width)
+        for c in range(width):
+            out[r, c] = out[r, c] * inv
 
 
-@numba.njit(inline="always", error_model="numpy")
-def shift_(row):
-    top = row_max_(row)
-    for c in range(row.shape[0]):
-        row[c] = row[c] - top
+@numba.njit(inline="always", error_model='numpy')
+def blocks_(rows, width, first, last):
+    # (r0, r1) of the blocks of rows first:last that stay in L1, unsigned
+    step = np.uint64(max(1, _ROWS_BLOCK // width))
+    return np.uint64(first), np.uint64(last), step
 
 
 {_HEADER}
 def softmax_rows(x, out, first, last):
-    # by blocks of rows that stay in L1
-    width = x.shape[1]
-    step = max(1, _ROWS_BLOCK // width)
-    for r0 in range(first, last, step):
-        r1 = min(last, r0 + step)
-        for r in range(r0, r1):
-            xr, row = x[r], out[r]
-            top = row_max_(xr)
-            for c in range(width):
-                row[c] = xr[c] - top
-        exp_normalise_(out, r0, r1)
+    lo, hi, step = blocks_(x.shape[0], x.shape[1], first, last)
+    for r0 in range(lo, hi, step):
+        normalise_(x, out, r0, min(hi, r0 + step), False)
 
 
 {_HEADER}
 def softmax_rows_in_place(out, first, last):
     # softmax_rows with x as out: one array, not two that are one (LLVM's
     # overlap check would take its scalar loops)
-    width = out.shape[1]
-    step = max(1, _ROWS_BLOCK // width)
-    for r0 in range(first, last, step):
-        r1 = min(last, r0 + step)
+    lo, hi, step = blocks_(out.shape[0], out.shape[1], first, last)
+    for r0 in range(lo, hi, step):
+        normalise_(out, out, r0, min(hi, r0 + step), True)
+
+
+@numba.njit(inline="always", error_model='numpy')
+def inside_(v):
+    # 0 where v is within +-_NO_SHIFT_BOUND, else 1 (NaN: 1)
+    return 0 if (v <= _NO_SHIFT_BOUND and v >= -_NO_SHIFT_BOUND) else 1
+
+
+@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)
+def normalise_masked_(out, r0, r1, tops, outside):
+    # normalise_ of rows r0:r1 of out in place, each row's maximum (an
+    # order key) already in tops and whether any value of the block is
+    # outside the bound in outside (both found as the rows were written)
+    width = np.uint64(out.shape[1])
+    flat = out[r0:r1].reshape(-1)
+    if outside != 0:
         for r in range(r0, r1):
-            shift_(out[r])
-        exp_normalise_(out, r0, r1)
+            key = tops[r - r0]
+            top = _I(key ^ ((key >> 31) & _I(2147483647))).view(_F)
+            for c in range(width):
+                out[r, c] = out[r, c] - top
+    for i in range(flat.shape[0]):
+        flat[i] = exp_(flat[i])
+    for r in range(r0, r1):
+        inv = _ONE / row_total_(out, r, width)
+        for c in range(width):
+            out[r, c] = out[r, c] * inv
 
 
 {_HEADER}
 def scale_add_softmax_rows(x, scale, mask, mask_rows, out, divide, first, last):
     # softmax(x * scale + mask) (x / scale with divide), the mask's row for
-    # each row given by mask_rows (a broadcast mask: rows repeat)
-    width = x.shape[1]
-    step = max(1, _ROWS_BLOCK // width)
+    # each row given by mask_rows (a broadcast mask: rows repeat); each
+    # row's maximum and the bound's check taken as it is written
+    width = np.uint64(x.shape[1])
+    lo, hi, step = blocks_(x.shape[0], x.shape[1], first, last)
     c0 = _F(scale[0])
-    for r0 in range(first, last, step):
-        r1 = min(last, r0 + step)
+    tops = np.empty(step, _I)
+    for r0 in range(lo, hi, step):
+        r1 = min(hi, r0 + step)
+        outside = 0
         for r in range(r0, r1):
-            xr, mr, row = x[r], mask[mask_rows[r]], out[r]
-            if divide:
-                for c in range(width):
-                    row[c] = xr[c] / c0 + mr[c]
-            else:
-                for c in range(width):
-                    row[c] = xr[c] * c0 + mr[c]
-            shift_(row)
-        exp_normalise_(out, r0, r1)
+            m = np.uint64(mask_rows[r])
+            top = order_key_(-_INF)
+            for c in range(width):
+                v = x[r, c] / c0 + mask[m, c] if divide else x[r, c] * c0 + mask[m, c]
+                out[r, c] = v
+                k = order_key_(v)
+                top = k if k > top else top
+                outside |= inside_(v)
+            tops[r - r0] = top
+        normalise_masked_(out, r0, r1, tops, outside)
 
 
 {_HEADER}
@@ -247,21 +325,25 @@ def scale_where_softmax_rows(x, scale, cond, cond_rows, fill, out, divide, keep,
                              first, last):
     # softmax(where(cond != keep, fill, x * scale)) (x / scale with
     # divide): keep=True fills where cond does not hold
-    width = x.shape[1]
-    step = max(1, _ROWS_BLOCK // width)
+    width = np.uint64(x.shape[1])
+    lo, hi, step = blocks_(x.shape[0], x.shape[1], first, last)
     c0, f0 = _F(scale[0]), _F(fill[0])
-    for r0 in range(first, last, step):
-        r1 = min(last, r0 + step)
+    tops = np.empty(step, _I)
+    for r0 in range(lo, hi, step):
+        r1 = min(hi, r0 + step)
+        outside = 0
         for r in range(r0, r1):
-            xr, kr, row = x[r], cond[cond_rows[r]], out[r]
-            if divide:
-                for c in range(width):
-                    row[c] = f0 if kr[c] != keep else xr[c] / c0
-            else:
-                for c in range(width):
-                    row[c] = f0 if kr[c] != keep else xr[c] * c0
-            shift_(row)
-        exp_normalise_(out, r0, r1)
+            m = np.uint64(cond_rows[r])
+            top = order_key_(-_INF)
+            for c in range(width):
+                scaled = x[r, c] / c0 if divide else x[r, c] * c0
+                v = f0 if cond[m, c] != keep else scaled
+                out[r, c] = v
+                k = order_key_(v)
+                top = k if k > top else top
+                outside |= inside_(v)
+            tops[r - r0] = top
+        normalise_masked_(out, r0, r1, tops, outside)
 
 
 {_HEADER}
@@ -322,8 +404,19 @@ def add_layer_norm_sum(x, res, scale, shift, out, total, epsilon, first, last):
 #: (32 KiB, in L1; the numpy passes' blocks, ``_builtin.SOFTMAX_BLOCK``,
 #: are sized for L2).
 ROWS_BLOCK = 8192
+#: The softmax loops take each block's exponentials unshifted where all its
+#: values are within this bound (``asyncrt.ops._builtin.NO_SHIFT_BOUND``:
+#: the numpy passes' bound, and why).
+NO_SHIFT_BOUND = 64.0
 
-_SOURCE = "\n".join([*_jitmath.head(), f"_ROWS_BLOCK = {ROWS_BLOCK}", _LOOPS])
+_SOURCE = "\n".join(
+    [
+        *_jitmath.head(),
+        f"_ROWS_BLOCK = {ROWS_BLOCK}",
+        f"_NO_SHIFT_BOUND = _F({NO_SHIFT_BOUND!r})",
+        _LOOPS,
+    ]
+)
 _MODULE = "asyncrt_epilogue_" + hashlib.sha256(_SOURCE.encode()).hexdigest()[:20]
 
 
