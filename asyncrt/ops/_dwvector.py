@@ -12,16 +12,20 @@ registers, and each output pixel's block is the bias plus the taps'
 products summed in a register, one load per tap: 55-76 GFLOP/s on the same
 shapes (mnv3's 5 x 5 layers).
 
-Layout: the input is copied channels-last into a zero-padded buffer whose
-channels are rounded up to whole blocks, so every tap of every pixel is one
-unaligned vector load and no pixel needs a bounds check. The copy moves
-tiles of :data:`COPY_TILE` channels by as many cells, transposed in
+Layout: each block of channels is copied channels-last into a zero-padded
+plane of its own (rows x columns x lanes), so every tap of every pixel is
+one unaligned vector load and no pixel needs a bounds check. The copy
+moves tiles of :data:`COPY_TILE` channels by as many cells, transposed in
 registers (another intrinsic): numpy's transposing copy cost as much as
-the sums, and up to 5x more where the planes are a few KiB apart. The
-buffer is the calling thread's scratch (:mod:`asyncrt.ops._scratch`), hot
-from the kernels before: a buffer of its own, cold again on every run,
-made the sums twice as slow inside a model as alone; so the copy zeroes
-the pads again on every call. The outputs go straight into NCHW: a block
+the sums, and up to 5x more where the planes are a few KiB apart. Each
+share of the blocks has one plane (a few KiB: 18 x 18 x 16 floats for a
+5 x 5 kernel over 14 x 14), the next block copied over the last, so the
+sums read from L1; the pads are zeroed once a call (scratch other kernels
+wrote over: the calling thread's, :mod:`asyncrt.ops._scratch`). A plane
+of all the channels (pixels a channel count apart) took 352 KiB for 240
+channels of 14 x 14 and went through L2 on every call: that layer, one
+thread, 48 -> 45 us alone, and 68 -> 55 us with the caches flushed
+before each call, as inside a model. The outputs go straight into NCHW: a block
 of channels is computed for a vector of output cells (row-major over the
 plane) at a time, and the cells' vectors, transposed in registers, are
 runs of each channel's plane (240 channels of 14 x 14: 64 -> 55 us
@@ -84,8 +88,8 @@ class _Cells:
         self.b = builder
         self.x, taps, shift, self.out = e.arrays(signature, args, 4)
         self.n, self.c0, self.q0 = args[4:7]
-        _, self.rows, self.width, self.stride = cgutils.unpack_tuple(
-            builder, self.x.shape, 4
+        self.rows, self.width, self.stride = cgutils.unpack_tuple(
+            builder, self.x.shape, 3
         )
         self.out_w = cgutils.unpack_tuple(builder, self.out.shape, 4)[3]
         blocks = cgutils.unpack_tuple(builder, taps.shape, 2)[1]
@@ -106,11 +110,12 @@ class _Cells:
         return i, self.b.sub(self.q0, self.b.mul(i, self.out_w))
 
     def corner(self, i, j):
-        # the flat index of output cell (i, j)'s first tap, channel c0
+        # the flat index of output cell (i, j)'s first tap in the block's
+        # plane
         e = self.e
-        image = e.index((self.n, self.rows), (i, e.const(SH)))
-        pixel = e.index((image, self.width), (j, e.const(SW)))
-        return e.index((pixel, self.stride), self.c0)
+        row = e.index((i, e.const(SH)))
+        pixel = e.index((row, self.width), (j, e.const(SW)))
+        return e.index((pixel, self.stride))
 
     def sums(self, corners):
         # the activated sums of the cells at these corners, their chains
@@ -127,7 +132,7 @@ class _Cells:
 
 
 def _typed(xp, w, bias, out):
-    arrays = ((xp, 4), (w, 2), (bias, 1), (out, 4))
+    arrays = ((xp, 3), (w, 2), (bias, 1), (out, 4))
     return all(_is_float_array(a, ndim) for a, ndim in arrays)
 
 
@@ -179,38 +184,39 @@ def block_cell_(typingctx, xp, w, bias, out, n, c0, q):
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 def kernel(x, xp, w, bias, out, first, last, top, left):
     # channel blocks first:last (of LANES channels) of out (N, C, OH, OW)
-    # from x (N, C, H, W): each block's channels copied into xp (N, Hp,
-    # Wp, Cs: channels-last, the interior at top, left, the pads zeroed
-    # again: scratch other kernels wrote over) then summed while hot; w
-    # (KH * KW, Cb), bias (Cb,): Cb channels in whole blocks, Cs >= Cb.
-    # Blocks are independent: a team's threads each take some.
+    # from x (N, C, H, W): each block's channels copied into xp (Hp, Wp,
+    # LANES: this share's own channels-last plane of one block, the
+    # interior at top, left; its pads zeroed once a call: scratch other
+    # kernels wrote over) then summed while hot; w (KH * KW, Cb), bias
+    # (Cb,): Cb channels in whole blocks. Blocks are independent: a team's
+    # threads each take some, each share its own plane.
     batch, channels, height, width = x.shape
-    rows, columns = xp.shape[1], xp.shape[2]
+    rows, columns = xp.shape[0], xp.shape[1]
     cells = height * width
     whole = cells - cells % TILE
     last_channel = channels - 1
     out_cells = out.shape[2] * out.shape[3]
+    for r in range(rows):  # the pads, never the interior
+        inside = top <= r < top + height
+        q = 0
+        while q < columns:
+            if inside and q == left:
+                q = left + width
+                continue
+            for c in range(LANES):
+                xp[r, q, c] = 0.0
+            q += 1
     for n in range(batch):
         for block in range(first, last):
             c0 = block * LANES
-            for r in range(rows):  # the pads, never the interior
-                inside = top <= r < top + height
-                q = 0
-                while q < columns:
-                    if inside and q == left:
-                        q = left + width
-                        continue
-                    for c in range(c0, c0 + LANES):
-                        xp[n, r, q, c] = 0.0
-                    q += 1
-            for t0 in range(c0, c0 + LANES, TILE):
+            for t0 in range(0, LANES, TILE):
                 for p0 in range(0, whole, TILE):
-                    tile_in_(x, xp, n, t0, p0, top, left)
+                    tile_in_(x, xp, n, c0 + t0, t0, p0, top, left)
             for p in range(whole, cells):
                 h = p // width
                 q = p - h * width
-                for c in range(c0, c0 + LANES):
-                    xp[n, top + h, left + q, c] = x[n, min(c, last_channel), h, q]
+                for c in range(LANES):
+                    xp[top + h, left + q, c] = x[n, min(c0 + c, last_channel), h, q]
             q = 0
             while q + LANES <= out_cells:
                 block_run_(xp, w, bias, out, n, c0, q)
@@ -226,19 +232,20 @@ _TILE_SOURCE = """
 
 
 @intrinsic
-def tile_in_(typingctx, x, pixels, n, c0, p0, top, left):
-    # x[n, c0:c0 + TILE] at plane cells p0:p0 + TILE -> their pixels of
-    # ``pixels`` (channels-last, the interior at top, left); channels past
-    # the last repeat it (into pad channels, whose sums are dropped)
-    if not (_is_float_array(x, 4) and _is_float_array(pixels, 4)):
+def tile_in_(typingctx, x, pixels, n, c0, lane0, p0, top, left):
+    # x[n, c0:c0 + TILE] at plane cells p0:p0 + TILE -> lanes lane0:lane0 +
+    # TILE of their pixels of ``pixels`` (one block's channels-last plane,
+    # the interior at top, left); channels past the last repeat it (into
+    # pad lanes, whose sums are dropped)
+    if not (_is_float_array(x, 4) and _is_float_array(pixels, 3)):
         return None
 
     def codegen(context, builder, signature, args):
         e = _Emit(context, builder, TILE)
         source, target = e.arrays(signature, args, 2)
-        n, c0, p0, top, left = args[2:]
+        n, c0, lane0, p0, top, left = args[2:]
         _, channels, height, width = cgutils.unpack_tuple(builder, source.shape, 4)
-        _, rows, columns, stride = cgutils.unpack_tuple(builder, target.shape, 4)
+        _, columns, stride = cgutils.unpack_tuple(builder, target.shape, 3)
         plane = builder.mul(height, width)
         last = builder.sub(channels, e.const(1))
         loaded = []
@@ -250,9 +257,8 @@ def tile_in_(typingctx, x, pixels, n, c0, p0, top, left):
         h = builder.sdiv(p0, width)
         w = builder.sub(p0, builder.mul(h, width))
         for pixel in e.transpose(loaded):
-            row = e.index((n, rows), top, h)
-            cell = e.index((row, columns), left, w)
-            e.store(pixel, target, e.index((cell, stride), c0))
+            cell = e.index((e.index(top, h), columns), left, w)
+            e.store(pixel, target, e.index((cell, stride), lane0))
             w = builder.add(w, e.const(1))
             wrap = builder.icmp_signed("==", w, width)
             w = builder.select(wrap, e.const(0), w)
@@ -260,18 +266,8 @@ def tile_in_(typingctx, x, pixels, n, c0, p0, top, left):
         return context.get_dummy_value()
 
     intp = types.intp
-    return types.none(x, pixels, intp, intp, intp, intp, intp), codegen
+    return types.none(x, pixels, intp, intp, intp, intp, intp, intp), codegen
 """
-
-
-def _pixel_stride(blocks: int) -> int:
-    """Channels a pixel spans in the buffers: ``blocks`` (whole vectors),
-    plus a line where that is an even number of 64-byte lines: a stride
-    of a power of two times 128 bytes puts a kernel's taps, 1 KiB or
-    4 KiB apart, in the same few L1 cache sets (1024 channels of 7 x 7:
-    184 us, against about 50)."""
-    lines = blocks * 4 // 64
-    return blocks + 16 if lines % 2 == 0 else blocks
 
 
 #: Channels and cells the layout copies move as one tile, transposed in
@@ -351,13 +347,12 @@ def bind(
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
-    n, channels, height, width = x.shape
+    _, channels, height, width = x.shape
     k_h, k_w = w.shape[2:]
     out_h, out_w = out.shape[2:]
     vector = lanes()
     block_count = -(-channels // vector)
     blocks = block_count * vector
-    padded = _pixel_stride(blocks)
     # Rows and columns as far as the last output's last tap reaches (or the
     # input's end, past it), the pads zero.
     rows = max(
@@ -373,10 +368,11 @@ def bind(
     kernel = _kernel((k_h, k_w, *strides, *dilations, vector), activation)
     work = out.size * k_h * k_w
     shares = _team_parts.shares(block_count, work, MIN_WORK_PER_THREAD)
-    shapes = ((n, rows, columns, padded),)
+    # each share's own plane of one block of channels (a few KiB: in L1)
+    shapes = ((len(shares), rows, columns, vector),)
     # Compiled now for arrays of the types a call borrows (their sizes do
     # not matter to the compiler).
-    grid = np.empty((1, 1, 1, 1), np.float32)
+    grid = np.empty((1, 1, 1), np.float32)
     _jit.specialise(kernel, (x, grid, taps, shift, out, 0, 1, *begin))
     copyto = np.copyto
     borrowed = _scratch.Borrowed(shapes, _FLOAT32)
@@ -397,6 +393,7 @@ def bind(
                     kernel,
                     (x, pixels, taps, shift, out),
                     shares,
+                    per_part=frozenset({1}),
                     trailing=begin,
                     work=work,
                 ),

@@ -18,43 +18,40 @@ pytest.importorskip("numba")
 
 @pytest.mark.parametrize("lanes", [8, 16])
 @pytest.mark.parametrize(
-    ("shape", "top", "left", "stride"),
+    ("shape", "top", "left"),
     [
-        ((1, 24, 14, 14), 2, 2, 48),  # cells past the last whole tile
-        ((2, 17, 7, 7), 1, 2, 32),  # a batch, a channel tail
-        ((1, 16, 4, 4), 0, 0, 16),  # no pads, whole tiles
-        ((1, 3, 3, 5), 2, 0, 16),  # fewer cells than a tile
+        ((1, 24, 14, 14), 2, 2),  # cells past the last whole tile
+        ((2, 17, 7, 7), 1, 2),  # a batch, a channel tail
+        ((1, 16, 4, 4), 0, 0),  # no pads, whole tiles
+        ((1, 3, 3, 5), 2, 0),  # fewer cells than a tile
     ],
 )
 def test_the_layout_copy_is_exact_and_zeroes_the_pads(
-    lanes: int,
-    shape: tuple[int, ...],
-    top: int,
-    left: int,
-    stride: int,
+    lanes: int, shape: tuple[int, ...], top: int, left: int
 ) -> None:
-    # the kernel copies each block of channels into the scratch before its
-    # sums (a 1 x 1 kernel here: the copy is what is checked)
+    # the kernel copies each block of channels into the share's plane
+    # before its sums (a 1 x 1 kernel here: the copy is what is checked);
+    # the plane holds the last image's block after the call
     n, c, h, w = shape
     blocks = -(-c // lanes) * lanes
     kernel = _dwvector._kernel((1, 1, 1, 1, 1, 1, lanes), "none")
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    pixels = np.full((n, top + h + 2, left + w + 1, stride), np.nan, np.float32)
     taps, bias = np.ones((1, blocks), np.float32), np.zeros(blocks, np.float32)
     out = np.empty((n, c, top + h + 2, left + w + 1), np.float32)
-    kernel(x, pixels, taps, bias, out, 0, blocks // lanes, top, left)
-    interior = pixels[:, top : top + h, left : left + w]
-    np.testing.assert_array_equal(interior[..., :c], x.transpose(0, 2, 3, 1))
-    # the channels up to the blocks repeat the last (finite, their sums dropped)
-    tail = np.broadcast_to(
-        x[:, -1:].transpose(0, 2, 3, 1), interior[..., c:blocks].shape
-    )
-    np.testing.assert_array_equal(interior[..., c:blocks], tail)
-    border = np.ones(pixels.shape[:3], bool)
-    border[:, top : top + h, left : left + w] = False
-    assert np.all(pixels[border][:, :blocks] == 0)
-    assert np.isnan(pixels[..., blocks:]).all()  # past the blocks: not touched
-    np.testing.assert_array_equal(out, pixels[..., :c].transpose(0, 3, 1, 2))
+    padded = np.pad(x, ((0, 0), (0, blocks - c), (0, 0), (0, 0)), mode="edge")
+    for block in range(blocks // lanes):
+        pixels = np.full((top + h + 2, left + w + 1, lanes), np.nan, np.float32)
+        kernel(x, pixels, taps, bias, out, block, block + 1, top, left)
+        interior = pixels[top : top + h, left : left + w]
+        # the channels up to the blocks repeat the last (finite, sums dropped)
+        want = padded[-1, block * lanes : (block + 1) * lanes].transpose(1, 2, 0)
+        np.testing.assert_array_equal(interior, want)
+        border = np.ones(pixels.shape[:2], bool)
+        border[top : top + h, left : left + w] = False
+        assert np.all(pixels[border] == 0)
+    want_out = np.zeros_like(out)
+    want_out[:, :, top : top + h, left : left + w] = x
+    np.testing.assert_array_equal(out, want_out)
 
 
 # Each geometry with one activation (every activation and geometry
@@ -164,13 +161,6 @@ def test_non_finite_inputs_reach_only_the_outputs_they_feed() -> None:
     finite = np.ones(out.shape, bool)
     finite[0, 3, 2:5, 2:5] = finite[0, 9, :2, :2] = False
     assert np.all(out[finite] == 0)
-
-
-def test_pixels_stride_avoids_an_even_number_of_cache_lines() -> None:
-    # 1024 channels: 4 KiB a pixel, every tap in one cache set
-    assert _dwvector._pixel_stride(1024) == 1040
-    assert _dwvector._pixel_stride(240) == 240  # 15 lines: odd
-    assert _dwvector._pixel_stride(16) == 16
 
 
 def test_an_unknown_activation_is_refused() -> None:
