@@ -49,7 +49,9 @@ with :mod:`asyncrt.ops._jitmath`'s helpers and compiled once per machine
 * ``row_sums(x, out, divisor, first, last)``: each row's sum over
   ``divisor`` (1 for ReduceSum, the width for ReduceMean), for small
   arrays, whose numpy reduction costs its call (3.5-4.2 us for 16 rows of
-  384, 1.1-1.2 compiled).
+  384, 1.1-1.2 compiled); ``row_extremes(x, out, largest, first, last)``
+  each row's maximum or minimum, exact (NaN where a row has one), for
+  the same arrays (ReduceMax of 16 rows of 384: 2.7 -> 0.8 us).
 
 The row sums are compiled with LLVM's ``reassoc`` flag alone, so they
 vectorise (several partial sums, added at the end); no other fast-math flag
@@ -352,6 +354,31 @@ def row_sums(x, out, divisor, first, last):
         out[r] = row_sum_(x[r]) / divisor
 
 
+{_HEADER}
+def row_extremes(x, out, largest, first, last):
+    # each row's maximum (largest) or minimum: integer extremes of order
+    # keys (they vectorise), NaN where the row has one (numpy's
+    # maximum.reduce propagates it; a NaN's key need not be the extreme)
+    width = np.uint64(x.shape[1])
+    for r in range(np.uint64(first), np.uint64(last)):
+        top = order_key_(x[r, 0])
+        nan = 0
+        if largest:
+            for c in range(width):
+                v = x[r, c]
+                k = order_key_(v)
+                top = k if k > top else top
+                nan |= 0 if v == v else 1
+        else:
+            for c in range(width):
+                v = x[r, c]
+                k = order_key_(v)
+                top = k if k < top else top
+                nan |= 0 if v == v else 1
+        value = _I(top ^ ((top >> 31) & _I(2147483647))).view(_F)
+        out[r] = _F(np.nan) if nan != 0 else value
+
+
 # Reassociated (the means and the products' sums vectorise), indexed in
 # two dimensions (a row view costs numba reference counts: atomics) by
 # unsigned integers (numba wraps negative signed ones, which stops LLVM
@@ -425,7 +452,7 @@ def loop(name: str) -> Callable[..., None]:
     ``"add_layer_norm"``, ``"add_layer_norm_sum"``, ``"layer_norm"``,
     ``"instance_norm"``, ``"softmax_rows"``, ``"softmax_rows_in_place"``,
     ``"scale_add_softmax_rows"``, ``"scale_where_softmax_rows"``,
-    ``"squeeze_excite"`` or ``"row_sums"``).
+    ``"squeeze_excite"``, ``"row_sums"`` or ``"row_extremes"``).
 
     :raises ModuleNotFoundError: if numba is not installed.
     """

@@ -80,7 +80,7 @@ from ._windows import (
     reduce_windows,
     windows,
 )
-from .reduce import compiled_row_sums
+from .reduce import compiled_rows
 
 __all__ = ()
 
@@ -719,7 +719,7 @@ def _global(reduce: str) -> Callable[[ModuleType, Attrs], Kernel]:
             size = math.prod(x.shape[2:])
             spatial = tuple(range(2, x.ndim))
             compiled = (
-                compiled_row_sums(x, out, spatial, size, "mean")
+                compiled_rows(x, out, spatial, size, "mean")
                 if reduce == "mean"
                 else None
             )

@@ -1,7 +1,7 @@
-"""Sums and means of small float32 arrays over their trailing axes as one
-compiled loop (``asyncrt.ops.reduce.compiled_row_sums``): within float32
-rounding of numpy's pairwise sums, IEEE specials, and which arrays keep
-numpy's reduction."""
+"""Sums, means, maxima and minima of small float32 arrays over their
+trailing axes as one compiled loop (``asyncrt.ops.reduce.compiled_rows``):
+within float32 rounding of numpy's pairwise sums, numpy's extremes exactly,
+IEEE specials, and which arrays keep numpy's reduction."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_compiled_sums_equal_numpys_within_rounding(
     kind: str, shape: tuple[int, ...], axes: list[int]
 ) -> None:
     x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
-    assert reduce.compiled_row_sums(x, x, tuple(axes), 1, kind) is not None
+    assert reduce.compiled_rows(x, x, tuple(axes), 1, kind) is not None
     out, want = _bound(kind, axes, x)
     exact = getattr(np, kind)(x.astype(np.float64), axis=tuple(axes), keepdims=True)
     scale = np.abs(x).sum(axis=tuple(axes), keepdims=True)
@@ -58,6 +58,44 @@ def test_specials_propagate_without_warnings() -> None:
     assert out[3] == np.inf  # overflow, as IEEE
 
 
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize(
+    ("shape", "axes"),
+    [((1, 16, 384), [2]), ((3, 5, 7, 9), [2, 3]), ((33,), [0]), ((4, 1), [1])],
+)
+def test_compiled_extremes_are_numpys(
+    kind: str, shape: tuple[int, ...], axes: list[int]
+) -> None:
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    assert reduce.compiled_rows(x, x, tuple(axes), 1, kind) is not None
+    out, want = _bound(kind, axes, x)
+    np.testing.assert_array_equal(out, want)
+    x = -np.abs(x)  # every value negative (order keys of negative floats)
+    out, want = _bound(kind, axes, x, keepdims=False)
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_extremes_of_specials(kind: str) -> None:
+    """NaN of either sign wins (numpy's maximum propagates it), the
+    infinities and the largest finite values are ordered, rows of one."""
+    x = np.ones((6, 5), np.float32)
+    x[0, 2] = np.nan
+    x[1, 4] = -np.float32(np.nan)  # sign bit set: its key is below -inf
+    x[2, :] = [np.inf, -np.inf, 0.0, 3e38, -3e38]
+    x[3, :] = -3.4e38
+    x[4, :] = [-0.0, -1e-45, 1e-45, -2.0, 2.0]  # subnormals
+    x[5, 0] = np.float32(np.nan) * 0  # NaN first in its row
+    attrs = {"kind": kind, "axes": [1], "keepdims": False}
+    kernel = global_namespace_func(ops.register_op_kernel("reduce", attrs), "numpy")
+    out = np.empty(6, np.float32)
+    with np.errstate(all="raise"):
+        kernel.bind(x, out)()
+    want = getattr(np, kind)(x, axis=1)
+    np.testing.assert_array_equal(out, want)
+    assert np.isnan(out[:2]).all() and np.isnan(out[5])
+
+
 class _DeviceArray:
     """An array of another device: numpy's attributes, not its type."""
 
@@ -67,7 +105,7 @@ class _DeviceArray:
 
 
 def test_which_arrays_keep_numpys_reduction() -> None:
-    rows = reduce.compiled_row_sums
+    rows = reduce.compiled_rows
     small = np.ones((4, 6), np.float32)
     assert rows(small, small, (0,), 4, "sum") is None  # not the trailing axes
     assert rows(small.astype(np.float64), small, (1,), 6, "sum") is None
@@ -87,7 +125,7 @@ def test_global_average_pools_take_the_compiled_rows() -> None:
     kernel = global_namespace_func(name, "numpy")
     x = np.random.default_rng(7).standard_normal((2, 16, 7, 7)).astype(np.float32)
     out = np.empty((2, 16, 1, 1), np.float32)
-    assert reduce.compiled_row_sums(x, out, (2, 3), 49, "mean") is not None
+    assert reduce.compiled_rows(x, out, (2, 3), 49, "mean") is not None
     kernel.bind(x, out)()
     exact = x.astype(np.float64).mean(axis=(2, 3), keepdims=True)
     scale = np.abs(x).astype(np.float64).mean(axis=(2, 3), keepdims=True)
