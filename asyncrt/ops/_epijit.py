@@ -172,13 +172,10 @@ def order_key_(v):
     return b ^ ((b >> 31) & _I(2147483647))
 
 
-@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)
-def row_max_(v):
-    top = order_key_(v[0])
-    for c in range(v.shape[0]):
-        k = order_key_(v[c])
-        top = k if k > top else top
-    return _I(top ^ ((top >> 31) & _I(2147483647))).view(_F)
+@numba.njit(inline="always", error_model="numpy")
+def from_key_(k):
+    # the float32 whose order key (order_key_) is k
+    return _I(k ^ ((k >> 31) & _I(2147483647))).view(_F)
 
 
 @numba.njit(inline="always", error_model='numpy', boundscheck=False)
@@ -188,7 +185,7 @@ def row_top_(a, r, width):
     for c in range(width):
         k = order_key_(a[r, c])
         top = k if k > top else top
-    return _I(top ^ ((top >> 31) & _I(2147483647))).view(_F)
+    return from_key_(top)
 
 
 @numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False,
@@ -211,40 +208,49 @@ def bounded_(flat):
 
 
 @numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)
+def exp_scale_(out, r0, r1, width, flat_done):
+    # rows r0:r1 of out: their exponentials in one flat pass (whole vectors,
+    # no remainder per row; skipped where flat_done), then each row scaled
+    # by 1 / its sum
+    if not flat_done:
+        flat = out[r0:r1].reshape(-1)
+        for i in range(flat.shape[0]):
+            flat[i] = exp_(flat[i])
+    for r in range(r0, r1):
+        inv = _ONE / row_total_(out, r, width)
+        for c in range(width):
+            out[r, c] = out[r, c] * inv
+
+
+@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)
 def normalise_(x, out, r0, r1, in_place):
     # the softmax of rows r0:r1 of x into out (of out itself, in_place): the
     # exponentials unshifted where every value of the block is within
     # +-_NO_SHIFT_BOUND (no sum can overflow or vanish), else each row's
-    # shifted by its maximum; one flat exp pass over the block (whole
-    # vectors, no remainder per row), then each row scaled by 1 / its sum.
-    # Rows are indexed in two dimensions by unsigned integers (a row view
-    # costs reference counts; numba wraps negative signed indices).
+    # shifted by its maximum. Rows are indexed in two dimensions by
+    # unsigned integers (a row view costs reference counts; numba wraps
+    # negative signed indices).
     width = np.uint64(out.shape[1])
-    flat = out[r0:r1].reshape(-1)
+    done = False
     if in_place:
-        if not bounded_(flat):
+        if not bounded_(out[r0:r1].reshape(-1)):
             for r in range(r0, r1):
                 top = row_top_(out, r, width)
                 for c in range(width):
                     out[r, c] = out[r, c] - top
-        for i in range(flat.shape[0]):
-            flat[i] = exp_(flat[i])
     else:
         source = x[r0:r1].reshape(-1)
         if bounded_(source):
+            flat = out[r0:r1].reshape(-1)
             for i in range(flat.shape[0]):
                 flat[i] = exp_(source[i])
+            done = True
         else:
             for r in range(r0, r1):
                 top = row_top_(x, r, width)
                 for c in range(width):
                     out[r, c] = x[r, c] - top
-            for i in range(flat.shape[0]):
-                flat[i] = exp_(flat[i])
-    for r in range(r0, r1):
-        inv = _ONE / row_total_(out, r, width)
-        for c in range(width):
-            out[r, c] = out[r, c] * inv
+    exp_scale_(out, r0, r1, width, done)
 
 
 @numba.njit(inline="always", error_model='numpy')
@@ -276,25 +282,26 @@ def inside_(v):
     return 0 if (v <= _NO_SHIFT_BOUND and v >= -_NO_SHIFT_BOUND) else 1
 
 
+@numba.njit(inline="always", error_model='numpy')
+def written_(v, top, outside):
+    # a row's running maximum (an order key) and the block's bound check,
+    # after the row's value v is written
+    k = order_key_(v)
+    return (k if k > top else top), outside | inside_(v)
+
+
 @numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)
 def normalise_masked_(out, r0, r1, tops, outside):
     # normalise_ of rows r0:r1 of out in place, each row's maximum (an
     # order key) already in tops and whether any value of the block is
     # outside the bound in outside (both found as the rows were written)
     width = np.uint64(out.shape[1])
-    flat = out[r0:r1].reshape(-1)
     if outside != 0:
         for r in range(r0, r1):
-            key = tops[r - r0]
-            top = _I(key ^ ((key >> 31) & _I(2147483647))).view(_F)
+            top = from_key_(tops[r - r0])
             for c in range(width):
                 out[r, c] = out[r, c] - top
-    for i in range(flat.shape[0]):
-        flat[i] = exp_(flat[i])
-    for r in range(r0, r1):
-        inv = _ONE / row_total_(out, r, width)
-        for c in range(width):
-            out[r, c] = out[r, c] * inv
+    exp_scale_(out, r0, r1, width, False)
 
 
 {_HEADER}
@@ -315,9 +322,7 @@ def scale_add_softmax_rows(x, scale, mask, mask_rows, out, divide, first, last):
             for c in range(width):
                 v = x[r, c] / c0 + mask[m, c] if divide else x[r, c] * c0 + mask[m, c]
                 out[r, c] = v
-                k = order_key_(v)
-                top = k if k > top else top
-                outside |= inside_(v)
+                top, outside = written_(v, top, outside)
             tops[r - r0] = top
         normalise_masked_(out, r0, r1, tops, outside)
 
@@ -341,9 +346,7 @@ def scale_where_softmax_rows(x, scale, cond, cond_rows, fill, out, divide, keep,
                 scaled = x[r, c] / c0 if divide else x[r, c] * c0
                 v = f0 if cond[m, c] != keep else scaled
                 out[r, c] = v
-                k = order_key_(v)
-                top = k if k > top else top
-                outside |= inside_(v)
+                top, outside = written_(v, top, outside)
             tops[r - r0] = top
         normalise_masked_(out, r0, r1, tops, outside)
 
@@ -375,7 +378,7 @@ def row_extremes(x, out, largest, first, last):
                 k = order_key_(v)
                 top = k if k < top else top
                 nan |= 0 if v == v else 1
-        value = _I(top ^ ((top >> 31) & _I(2147483647))).view(_F)
+        value = from_key_(top)
         out[r] = _F(np.nan) if nan != 0 else value
 
 

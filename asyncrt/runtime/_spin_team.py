@@ -92,24 +92,21 @@ def store_(typingctx, state, index, value):
     return types.void(types.int64, types.int64, types.int64), codegen
 
 
-@intrinsic
-def add_(typingctx, state, index, value):
-    # the old value
-    def codegen(context, builder, signature, args):
-        slot = _slot(builder, *args[:2])
-        return builder.atomic_rmw("add", slot, args[2], "seq_cst")
+def _read_modify_write(operation):
+    # an intrinsic: the slot's old value, operation (LLVM's atomicrmw: add,
+    # xchg) applied to it and value, sequentially consistent
+    def rmw_(typingctx, state, index, value):
+        def codegen(context, builder, signature, args):
+            slot = _slot(builder, *args[:2])
+            return builder.atomic_rmw(operation, slot, args[2], "seq_cst")
 
-    return types.int64(types.int64, types.int64, types.int64), codegen
+        return types.int64(types.int64, types.int64, types.int64), codegen
+
+    return intrinsic(rmw_)
 
 
-@intrinsic
-def swap_(typingctx, state, index, value):
-    # the old value
-    def codegen(context, builder, signature, args):
-        slot = _slot(builder, *args[:2])
-        return builder.atomic_rmw("xchg", slot, args[2], "seq_cst")
-
-    return types.int64(types.int64, types.int64, types.int64), codegen
+add_ = _read_modify_write("add")
+swap_ = _read_modify_write("xchg")
 
 
 @intrinsic
@@ -162,7 +159,9 @@ def futex_(typingctx, state, operation, value):
 
 @numba.cfunc(types.void(types.int64), nopython=True, cache=True)
 def helper(state):
-    seen = load_(state, TICKET)
+    # tickets count from 0 in a new state: a launch made before this thread
+    # ran is seen (its seats may still be open)
+    seen = 0
     while True:
         spins = 0
         while load_(state, TICKET) == seen:
