@@ -405,6 +405,7 @@ def bind_depthwise(
     *,
     activation: str = "none",
     constant_weights: bool = False,
+    constant_bias: bool = False,
 ) -> Callable[[], None]:
     """The depthwise convolution of :func:`takes`' arrays as a call without
     arguments (compiled on the first binding of a process): its
@@ -416,6 +417,7 @@ def bind_depthwise(
     :param constant_weights: ``w``'s values stay as they are while the
         binding lives (parameters): the channels-last copy of the weights
         is made once, not per call.
+    :param constant_bias: so do ``bias``'s.
     """
     vectors = _dwvector.takes(x, w)
     if out.shape[3] >= PLANAR_MIN_WIDTH and not (vectors and _vectors_win(w, out)):
@@ -436,6 +438,7 @@ def bind_depthwise(
             dilations,
             activation=activation,
             constant_weights=constant_weights,
+            constant_bias=constant_bias,
         )
     kernel = _jit.compile_kernel(_depthwise_pixels)
     n, channels = x.shape[:2]

@@ -251,6 +251,7 @@ def bind(
     *,
     activation: str = "none",
     constant_weights: bool = False,
+    constant_bias: bool = False,
 ) -> Callable[[], None]:
     """The convolution ``out (N, M, OH, OW)`` of ``x (N, C, H, W)`` by ``w
     (M, C, KH, KW)`` (:func:`takes`) as a call without arguments, compiled
@@ -259,6 +260,7 @@ def bind(
     :param begin: the pads before each spatial axis.
     :param constant_weights: ``w``'s values stay as they are while the
         binding lives: its copy as vectors is made once.
+    :param constant_bias: so do ``bias``'s (copied once).
     """
     cin = x.shape[1]
     outputs, _, k_h, k_w = w.shape
@@ -285,12 +287,17 @@ def bind(
     copyto = np.copyto
     if constant_weights:
         copyto(own_weights, weights)
+    if bias is not None and constant_bias:
+        copyto(own_bias, bias)
+    per_call_bias = None if constant_bias else bias  # copied each call
+    if constant_weights and per_call_bias is None:
+        return compute  # (nothing to copy first)
 
     def stem() -> None:
         if not constant_weights:
             copyto(own_weights, weights)  # an input's values change per run
-        if bias is not None:
-            copyto(own_bias, bias)
+        if per_call_bias is not None:
+            copyto(own_bias, per_call_bias)
         compute()
 
     return stem

@@ -200,7 +200,11 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         )
 
     def depthwise(
-        x: Array, w: Array, *rest: Array, constant_weights: bool = False
+        x: Array,
+        w: Array,
+        *rest: Array,
+        constant_weights: bool = False,
+        constant_bias: bool = False,
     ) -> Callable[[], None]:
         out = rest[-1]
         begin = geometry.padding(x.shape[2:], out.shape[2:])[0]
@@ -214,6 +218,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             geometry.dilations,
             activation=activation,
             constant_weights=constant_weights,
+            constant_bias=constant_bias,
         )
 
     def by_groups(x: Array, w: Array, *rest: Array) -> Callable[[], None]:
@@ -329,7 +334,13 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
         # the epilogue's loops compiled now, not on the first run
         _conv_epilogue.warm(xp, out.dtype, activation, has_bias)
         if out.size and _depthwise.takes(xp, x, w, out, group):
-            return depthwise(x, w, *rest, constant_weights=1 in constant)
+            return depthwise(
+                x,
+                w,
+                *rest,
+                constant_weights=1 in constant,
+                constant_bias=has_bias and 2 in constant,
+            )
         if out.size and _stemvector.takes(x, w, out, group):
             return _stemvector.bind(
                 x,
@@ -341,6 +352,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
                 geometry.dilations,
                 activation=activation,
                 constant_weights=1 in constant,
+                constant_bias=has_bias and 2 in constant,
             )
         if (
             out.size

@@ -175,3 +175,40 @@ def test_channels_last_weights_are_copied_per_call_unless_constant(
     call()
     want = first if constant else 2 * first
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel_shape", "strides"),
+    [
+        ((1, 32, 6, 6), [5, 5], [1, 1]),  # the channels-last vectors
+        ((1, 16, 20, 20), [3, 3], [2, 2]),  # at stride 2
+    ],
+)
+@pytest.mark.parametrize("constant_bias", [False, True])
+def test_a_bias_is_read_per_call_unless_constant(
+    shape: tuple[int, ...],
+    kernel_shape: list[int],
+    strides: list[int],
+    constant_bias: bool,
+) -> None:
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal(shape).astype(np.float32)
+    c = shape[1]
+    w = rng.standard_normal((c, 1, *kernel_shape)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    pads = [kernel_shape[0] // 2] * 4
+    kernel = conv_kernel(kernel_shape, strides, pads, [1, 1], c, bias=True)
+    size = [
+        (n + 2 * pads[0] - k) // s + 1
+        for n, k, s in zip(shape[2:], kernel_shape, strides, strict=True)
+    ]
+    out = np.empty((1, c, *size), np.float32)
+    constant = frozenset({1, 2} if constant_bias else {1})
+    call = kernel.bind(x, w, b, out, constant=constant)
+    call()
+    first = activated_reference(x, w, b, strides, pads, [1, 1], "none", depthwise=True)
+    np.testing.assert_allclose(out, first, rtol=1e-5, atol=1e-5)
+    b += 1  # a graph input's new values (a parameter's never change)
+    call()
+    want = first if constant_bias else first + 1
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

@@ -1,7 +1,7 @@
 """A stem convolution in explicit vectors (``_stemvector``) against the
 float64 reference: strides, dilations, uneven pads, few inputs and
-outputs, both vector widths, the activations, weights read anew when they
-are an input, and which convolutions it takes."""
+outputs, both vector widths, the activations, weights and a bias read anew
+when they are an input, and which convolutions it takes."""
 
 from __future__ import annotations
 
@@ -53,6 +53,37 @@ def test_outputs_match_the_reference(
     call()
     want = conv_reference(x, w, b, 1, strides, pads, dilations)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("constant_bias", [False, True])
+def test_a_bias_is_read_per_call_unless_constant(constant_bias: bool) -> None:
+    """Parameters (weights and bias constant) are copied once, and the call
+    is the compiled loop itself; an input's bias is read by every call."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 3, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    strides, pads = [2, 2], [1, 1, 1, 1]
+    want = conv_reference(x, w, b, 1, strides, pads, [1, 1])
+    out = np.full(want.shape, np.nan, np.float32)
+    call = _stemvector.bind(
+        x,
+        w,
+        b,
+        out,
+        (2, 2),
+        (1, 1),
+        (1, 1),
+        constant_weights=True,
+        constant_bias=constant_bias,
+    )
+    call()
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-5)
+    b += 1
+    call()
+    np.testing.assert_allclose(
+        out, want if constant_bias else want + 1, rtol=1e-5, atol=2e-5
+    )
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
