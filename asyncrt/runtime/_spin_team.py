@@ -51,13 +51,15 @@ __all__ = ("SPIN", "SpinTeam", "team")
 #: idle time.
 SPIN = 20_000
 
-# The state's slots, a cache line (8 int64 slots) apart: the ticket (its
+# The state's int64 slots, a cache line (8 slots) apart, so that the
+# helpers' polling of one does not bounce another's line: the ticket (its
 # low 32 bits are the futex word), sleeping helpers, open seats, helpers
 # done, the kernel's address, its data, stop, busy, libc's syscall.
+_LINE = 8
 _TICKET, _SLEEPING, _SEATS, _DONE, _FUNCTION, _DATA, _STOP, _BUSY, _SYSCALL = range(
-    0, 72, 8
+    0, 9 * _LINE, _LINE
 )
-_SLOTS = 80
+_SLOTS = 9 * _LINE
 
 _SOURCE = """
 import numba
@@ -232,27 +234,14 @@ class SpinTeam:
             raise ValueError(f"a team needs a helper, got {helpers}")
         from ..ops import _jit  # (compiles: only where a team is wanted)
 
+        slots = (_TICKET, _SLEEPING, _SEATS, _DONE, _FUNCTION, _DATA, _STOP, _BUSY)
         text = _SOURCE.replace("{spin}", str(SPIN)).replace(
-            "{slots}",
-            ", ".join(
-                str(s // 8)
-                for s in (
-                    _TICKET,
-                    _SLEEPING,
-                    _SEATS,
-                    _DONE,
-                    _FUNCTION,
-                    _DATA,
-                    _STOP,
-                    _BUSY,
-                    _SYSCALL,
-                )
-            ),
+            "{slots}", ", ".join(map(str, (*slots, _SYSCALL)))
         )
         module = "asyncrt_spin_team_" + hashlib.sha256(text.encode()).hexdigest()[:20]
         self._state = np.zeros(_SLOTS, np.int64)
         libc_syscall = ctypes.cast(ctypes.CDLL(None).syscall, ctypes.c_void_p)
-        self._state[_SYSCALL // 8] = int(libc_syscall.value or 0)
+        self._state[_SYSCALL] = int(libc_syscall.value or 0)
         self.address = int(self._state.ctypes.data)
         compiled: Any = functools.partial(_jit.compile_source, module, text)
         helper = _HELPER(compiled("helper").address)
