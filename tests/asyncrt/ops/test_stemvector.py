@@ -26,6 +26,8 @@ pytest.importorskip("numba")
         ((1, 2, 30, 31), (7, 2, 3, 3), [2, 1], [2, 0, 1, 2], [2, 2]),
         ((1, 1, 12, 19), (8, 1, 5, 5), [1, 2], [2, 2, 2, 2], [1, 1]),
         ((1, 3, 4, 5), (6, 3, 3, 3), [1, 1], [3, 3, 3, 3], [1, 1]),  # pads > x
+        # interior pixels past the last whole block: one overlapping block
+        ((2, 3, 20, 60), (8, 3, 3, 3), [2, 2], [1, 1, 1, 1], [1, 1]),
     ],
 )
 def test_outputs_match_the_reference(
