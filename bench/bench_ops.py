@@ -267,6 +267,41 @@ def _conv_case(
     )
 
 
+def _pointwise_depthwise_case(
+    n: int, c: int, hw: int, m: int, k: int, stride: int
+) -> Case:
+    """An inverted residual block's expansion ``c -> m`` and its depthwise
+    ``k x k`` step (the import's fused pair)."""
+    pad = k // 2
+    out_hw = (hw + 2 * pad - k) // stride + 1
+    inputs = [
+        _rand(n, c, hw, hw),
+        _rand(m, c, 1, 1, low=-0.2, high=0.2),
+        _rand(m),
+        _rand(m, 1, k, k, low=-0.2, high=0.2),
+        _rand(m),
+    ]
+    out = np.empty((n, m, out_hw, out_hw), F32)
+    attrs = {
+        "kernel_shape": [k, k],
+        "strides": [stride, stride],
+        "dilations": [1, 1],
+        "pads": [pad] * 4,
+        "pointwise_activation": "hard_swish",
+        "activation": "hard_swish",
+    }
+    flops = 2.0 * n * hw * hw * m * c + 2.0 * out.size * k * k
+    return Case(
+        f"pointwise_depthwise n{n} {c}->{m} {hw}x{hw} k{k} s{stride}",
+        "pointwise_depthwise",
+        attrs,
+        inputs,
+        [out],
+        flops,
+        constant=frozenset({1, 2, 3, 4}),
+    )
+
+
 def configured_cases() -> list[Case]:
     """The configured ops at typical shapes (each op at least once)."""
     cases = [
@@ -283,6 +318,10 @@ def configured_cases() -> list[Case]:
         _conv_case(16, 96, 28, 96, 3, group=96, note="dw"),
         _conv_case(1, 128, 28, 128, 3, group=32, note="grouped"),
         _conv_case(1, 128, 28, 256, 3, 2, note="strided"),
+        _pointwise_depthwise_case(1, 16, 56, 72, 3, 2),
+        _pointwise_depthwise_case(1, 40, 14, 240, 5, 1),
+        _pointwise_depthwise_case(1, 96, 7, 576, 5, 1),
+        _pointwise_depthwise_case(8, 24, 28, 96, 5, 2),
     ]
     for n, c, hw in ((1, 64, 112), (16, 64, 56)):
         x = _rand(n, c, hw, hw)

@@ -44,6 +44,14 @@ as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
   (``"hard_sigmoid"`` or ``"sigmoid"``), ``alpha`` and ``beta``: six
   launches of microseconds each where the gate is computed on 1 x 1
   planes.
+* an inverted residual block's expansion and depthwise step: a 1 x 1
+  ``Conv(X, W1, B1)`` as above (its activation folded in before, or none)
+  read only by a depthwise ``Conv(W2, B2)`` (2-D, one group a channel,
+  explicit pads, float32 constants) becomes ``PointwiseDepthwise(X, W1,
+  B1, W2, B2)`` with the depthwise step's ``kernel_shape``, ``strides``,
+  ``pads`` and ``dilations`` and attributes ``pointwise_activation`` and
+  ``activation`` (``"none"``, ``"relu"`` or ``"hard_swish"``): the
+  expanded tensor, the largest of the block, is never written.
 
 A node is only absorbed where nothing else reads its output (no other
 node, no graph output); the fused node takes the last member's output
@@ -89,6 +97,7 @@ def fuse_epilogues(
     count += fuser.compose_transposes()
     count += fuser.transposed_matmuls()
     count += fuser.squeeze_excitations()
+    count += fuser.pointwise_depthwise()
     if count:
         fuser.commit()
     return count
@@ -507,6 +516,79 @@ class _Fuser:
                 self.nodes[position] = None
             count += len(absorbed)
         return count
+
+    def pointwise_depthwise(self) -> int:
+        count = 0
+        for index, node in enumerate(self.nodes):
+            if node is None or not is_op(node, "Conv") or not self.pointwise(node):
+                continue
+            weights = self.const(node.input[1])
+            if weights is None or weights.ndim != 4 or weights.dtype != np.float32:
+                continue
+            try:
+                depthwise_index, depthwise = self.only_reader(node.output[0], "Conv")
+            except LookupError:
+                continue
+            window = self.depthwise_window(depthwise, node)
+            if window is None:
+                continue
+            fused = onnx.helper.make_node(
+                "PointwiseDepthwise",
+                [node.input[0], *node.input[1:3], *depthwise.input[1:3]],
+                [depthwise.output[0]],
+                name=depthwise.name,
+                domain=PRIVATE_DOMAIN,
+                pointwise_activation=self.activations.get(node.output[0], "none"),
+                activation=self.activations.get(depthwise.output[0], "none"),
+                **window,
+            )
+            self.nodes[depthwise_index] = fused
+            self.nodes[index] = None
+            count += 1
+        return count
+
+    def depthwise_window(
+        self, conv: onnx.NodeProto, pointwise: onnx.NodeProto
+    ) -> dict[str, Any] | None:
+        """``conv``'s window attributes where it is a 2-D depthwise
+        convolution of ``pointwise``'s output (one group a channel,
+        float32 constant weights and bias, explicit pads or none), else
+        ``None``."""
+        if len(conv.input) != 3 or not all(conv.input):
+            return None
+        weights, bias = self.const(conv.input[1]), self.const(conv.input[2])
+        expanded = self.const(pointwise.input[1])
+        if weights is None or bias is None or expanded is None:
+            return None
+        channels = int(expanded.shape[0])
+        if weights.ndim != 4 or weights.shape[:2] != (channels, 1):
+            return None
+        if weights.dtype != np.float32 or bias.shape != (channels,):
+            return None
+        given = {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute}
+        if given.get("group") != channels or given.get("auto_pad", b"NOTSET") not in (
+            b"NOTSET",
+            "NOTSET",
+        ):
+            return None
+        if set(given) - {
+            "group",
+            "auto_pad",
+            "kernel_shape",
+            "strides",
+            "pads",
+            "dilations",
+        }:
+            return None
+        kernel = [int(k) for k in given.get("kernel_shape", weights.shape[2:])]
+        if kernel != list(weights.shape[2:]):
+            return None
+        return {
+            "kernel_shape": kernel,
+            "strides": [int(v) for v in given.get("strides", [1, 1])],
+            "pads": [int(v) for v in given.get("pads", [0, 0, 0, 0])],
+            "dilations": [int(v) for v in given.get("dilations", [1, 1])],
+        }
 
     def gate(self, y: str) -> tuple[int, onnx.NodeProto, dict[str, Any]]:
         """The ``HardSigmoid`` or ``Sigmoid`` that alone reads ``y``: its

@@ -19,6 +19,12 @@
   (``"hard_sigmoid"`` or ``"sigmoid"``), ``alpha`` and ``beta``: ``X``
   times ``gate(W2 relu(W1 mean(X) + B1) + B2)`` per channel, ``W1`` and
   ``W2`` 1 x 1 convolutions' weights, the library's ``squeeze_excite``.
+* ``PointwiseDepthwise(X, W1, B1, W2, B2)``, attributes ``kernel_shape``,
+  ``strides``, ``pads``, ``dilations`` (the depthwise step's, 2-D),
+  ``pointwise_activation`` and ``activation``: ``act(depthwise(pact(W1 X +
+  B1)))``, ``W1`` a 1 x 1 convolution's weights and ``W2`` (C, 1, KH, KW)
+  a convolution of one group a channel, the library's
+  ``pointwise_depthwise``.
 """
 
 from __future__ import annotations
@@ -203,3 +209,69 @@ def _squeeze_excite(ctx: NodeContext) -> Lowering:
         "beta": float(ctx.attr("beta", 0.5)),
     }
     return Call("squeeze_excite", (0, 1, 2, 3, 4), attrs)
+
+
+_CONV_ACTIVATIONS = ("none", "relu", "hard_swish")
+
+
+@private_rule(
+    "PointwiseDepthwise",
+    "Conv",
+    attrs=(
+        "kernel_shape",
+        "strides",
+        "pads",
+        "dilations",
+        "pointwise_activation",
+        "activation",
+    ),
+)
+def _pointwise_depthwise(ctx: NodeContext) -> Lowering:
+    x, w1, b1, w2, b2 = (ctx.spec(i) for i in range(5))
+    channels = w1.shape[0] if w1.shape else None
+    kernel = [int(k) for k in ctx.attr("kernel_shape", [])]
+    strides = [int(v) for v in ctx.attr("strides", [1, 1])]
+    pads = [int(v) for v in ctx.attr("pads", [0, 0, 0, 0])]
+    dilations = [int(v) for v in ctx.attr("dilations", [1, 1])]
+    geometry_ok = (
+        len(kernel) == 2
+        and len(strides) == 2
+        and len(dilations) == 2
+        and len(pads) == 4
+        and min(*kernel, *strides, *dilations) >= 1
+        and min(pads) >= 0
+    )
+    if (
+        channels is None
+        or len(x.shape) != 4
+        or not geometry_ok
+        or w1.shape != (channels, x.shape[1], 1, 1)
+        or b1.shape != (channels,)
+        or w2.shape != (channels, 1, *kernel)
+        or b2.shape != (channels,)
+        or len({s.dtype for s in (x, w1, b1, w2, b2)}) != 1
+    ):
+        reason = "cannot expand {} by {} ({}) then convolve by {} ({}) over {}".format(
+            *(list(s.shape) for s in (x, w1, b1, w2, b2)), kernel
+        )
+        raise ctx.unsupported(reason) from InferenceFailed(reason)
+    sizes = []
+    for axis in range(2):
+        extent = (kernel[axis] - 1) * dilations[axis] + 1
+        span = x.shape[2 + axis] + pads[axis] + pads[2 + axis]
+        if span < extent:
+            reason = f"a {kernel} window does not fit {list(x.shape)} padded by {pads}"
+            raise ctx.unsupported(reason) from InferenceFailed(reason)
+        sizes.append((span - extent) // strides[axis] + 1)
+    ctx.refuse("pointwise_activation", _CONV_ACTIVATIONS)
+    ctx.refuse("activation", _CONV_ACTIVATIONS)
+    ctx.correct_outputs([TensorSpec((x.shape[0], channels, *sizes), x.dtype)])
+    attrs = {
+        "kernel_shape": kernel,
+        "strides": strides,
+        "pads": pads,
+        "dilations": dilations,
+        "pointwise_activation": str(ctx.attr("pointwise_activation", "none")),
+        "activation": str(ctx.attr("activation", "none")),
+    }
+    return Call("pointwise_depthwise", (0, 1, 2, 3, 4), attrs)

@@ -71,11 +71,12 @@ MIN_WORK_PER_THREAD = 2_000_000
 _FLOAT32 = np.dtype(np.float32)
 
 
-_SOURCE = (
+#: The depthwise sums from a block's plane (``block_sums``, ``zero_pads``):
+#: what :mod:`asyncrt.ops._pointwise_depthwise` shares.
+SUMS_SOURCE = (
     "\n".join(_jitmath.head()[1:])
     + """
 KH, KW, SH, SW, DH, DW, LANES = {geometry}
-TILE = {tile}
 INTERLEAVE = {interleave}
 ACTIVATION = "{activation}"
 
@@ -181,22 +182,15 @@ def block_cell_(typingctx, xp, w, bias, out, n, c0, q):
     return types.none(xp, w, bias, out, intp, intp, intp), codegen
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
-def kernel(x, xp, w, bias, out, first, last, top, left):
-    # channel blocks first:last (of LANES channels) of out (N, C, OH, OW)
-    # from x (N, C, H, W): each block's channels copied into xp (Hp, Wp,
-    # LANES: this share's own channels-last plane of one block, the
-    # interior at top, left; its pads zeroed once a call: scratch other
-    # kernels wrote over) then summed while hot; w (KH * KW, Cb), bias
-    # (Cb,): Cb channels in whole blocks. Blocks are independent: a team's
-    # threads each take some, each share its own plane.
-    batch, channels, height, width = x.shape
+_JIT = numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+
+
+@_JIT
+def zero_pads(xp, top, left, height, width):
+    # the cells of the plane xp (rows, columns, LANES) outside its interior
+    # (height x width at top, left): scratch other kernels wrote over
     rows, columns = xp.shape[0], xp.shape[1]
-    cells = height * width
-    whole = cells - cells % TILE
-    last_channel = channels - 1
-    out_cells = out.shape[2] * out.shape[3]
-    for r in range(rows):  # the pads, never the interior
+    for r in range(rows):
         inside = top <= r < top + height
         q = 0
         while q < columns:
@@ -206,6 +200,41 @@ def kernel(x, xp, w, bias, out, first, last, top, left):
             for c in range(LANES):
                 xp[r, q, c] = 0.0
             q += 1
+
+
+@_JIT
+def block_sums(xp, w, bias, out, n, c0):
+    # out[n, c0:c0 + LANES] (the channels it has) from the block's plane
+    out_cells = out.shape[2] * out.shape[3]
+    q = 0
+    while q + LANES <= out_cells:
+        block_run_(xp, w, bias, out, n, c0, q)
+        q += LANES
+    while q < out_cells:
+        block_cell_(xp, w, bias, out, n, c0, q)
+        q += 1
+
+
+"""
+)
+
+_COPY_SOURCE = """
+TILE = {tile}
+
+
+@_JIT
+def kernel(x, xp, w, bias, out, first, last, top, left):
+    # channel blocks first:last (of LANES channels) of out (N, C, OH, OW)
+    # from x (N, C, H, W): each block's channels copied into xp (Hp, Wp,
+    # LANES: this share's own channels-last plane of one block, the
+    # interior at top, left) then summed while hot; w (KH * KW, Cb), bias
+    # (Cb,): Cb channels in whole blocks. Blocks are independent: a team's
+    # threads each take some, each share its own plane.
+    batch, channels, height, width = x.shape
+    cells = height * width
+    whole = cells - cells % TILE
+    last_channel = channels - 1
+    zero_pads(xp, top, left, height, width)
     for n in range(batch):
         for block in range(first, last):
             c0 = block * LANES
@@ -217,15 +246,8 @@ def kernel(x, xp, w, bias, out, first, last, top, left):
                 q = p - h * width
                 for c in range(LANES):
                     xp[top + h, left + q, c] = x[n, min(c0 + c, last_channel), h, q]
-            q = 0
-            while q + LANES <= out_cells:
-                block_run_(xp, w, bias, out, n, c0, q)
-                q += LANES
-            while q < out_cells:
-                block_cell_(xp, w, bias, out, n, c0, q)
-                q += 1
+            block_sums(xp, w, bias, out, n, c0)
 """
-)
 
 
 _TILE_SOURCE = """
@@ -307,7 +329,7 @@ def _kernel(geometry: tuple[int, ...], activation: str) -> Callable[..., None]:
     (in the registers), compiled (or loaded from numba's disk cache)."""
     return compile_vectors(
         "asyncrt_dwvector",
-        _SOURCE + _TILE_SOURCE,
+        SUMS_SOURCE + _COPY_SOURCE + _TILE_SOURCE,
         "kernel",
         geometry=geometry,
         activation=activation,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import typing
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -47,6 +48,7 @@ from . import (
     _jit,
     _jitlrn,
     _panel_conv,
+    _pointwise_depthwise,
     _poolvector,
     _row_chunks,
     _scratch,
@@ -421,6 +423,105 @@ def _then(call: Callable[[], None], after: Callable[[], None]) -> None:
     """``call()``, then ``after()``."""
     call()
     after()
+
+
+def _pointwise_depthwise_flops(
+    ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]
+) -> float:
+    """The expansion's and the depthwise step's multiply-adds."""
+    x, w1, w2 = ins[0], ins[1], ins[3]
+    taps = math.prod(w2.shape[2:])
+    return 2.0 * x.size * w1.shape[0] + 2.0 * outs[0].size * taps
+
+
+@define("pointwise_depthwise", flops=_pointwise_depthwise_flops, blas=True)
+def _expand_depthwise(xp: ModuleType, attrs: Attrs) -> Kernel:
+    """An inverted residual block's 1 x 1 expansion and the depthwise
+    convolution of its output (the import fuses them: its
+    ``PointwiseDepthwise``): one compiled loop where the arrays are numpy
+    float32 and the weights parameters (:mod:`asyncrt.ops._pointwise_depthwise`),
+    else the two convolutions one after the other."""
+    window = {
+        key: ints(attrs, key)
+        for key in ("kernel_shape", "strides", "pads", "dilations")
+    }
+    if len(window["kernel_shape"]) != 2 or len(window["pads"]) != 4:
+        raise ValueError("pointwise_depthwise takes a 2-D window and four pads")
+    pointwise_activation = choice(attrs, "pointwise_activation", ACTIVATIONS)
+    activation = choice(attrs, "activation", ACTIVATIONS)
+    plain = {"auto_pad": "NOTSET", "bias": True}
+    expand = _conv(
+        xp,
+        {
+            **plain,
+            "kernel_shape": [1, 1],
+            "strides": [1, 1],
+            "dilations": [1, 1],
+            "pads": [0, 0, 0, 0],
+            "group": 1,
+            "activation": pointwise_activation,
+        },
+    )
+
+    @functools.cache
+    def depthwise(channels: int) -> Kernel:
+        return _conv(
+            xp, {**plain, **window, "group": channels, "activation": activation}
+        )
+
+    def expanded(x: Array, w1: Array) -> Array:
+        return xp.empty((x.shape[0], w1.shape[0], *x.shape[2:]), dtype=x.dtype)
+
+    def pointwise_depthwise(
+        x: Array, w1: Array, b1: Array, w2: Array, b2: Array, out: Array
+    ) -> None:
+        middle = expanded(x, w1)
+        expand(x, w1, b1, middle)
+        depthwise(w1.shape[0])(middle, w2, b2, out)
+
+    def bind(
+        x: Array,
+        w1: Array,
+        b1: Array,
+        w2: Array,
+        b2: Array,
+        out: Array,
+        constant: frozenset[int] = frozenset(),
+    ) -> Callable[[], None]:
+        arrays = (x, w1, b1, w2, b2, out)
+        if (
+            out.size
+            and {1, 2, 3, 4} <= constant
+            and all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
+            and _pointwise_depthwise.takes(x, w1, w2)
+        ):
+            return _pointwise_depthwise.bind(
+                x,
+                w1,
+                b1,
+                w2,
+                b2,
+                out,
+                tuple(window["strides"]),
+                tuple(window["pads"][:2]),
+                tuple(window["dilations"]),
+                expand_activation=pointwise_activation,
+                activation=activation,
+            )
+        middle = expanded(x, w1)
+        first = typing.cast(Bindable, expand).bind(
+            x, w1, b1, middle, constant=frozenset(p for p in (1, 2) if p in constant)
+        )
+        second = typing.cast(Bindable, depthwise(w1.shape[0])).bind(
+            middle,
+            w2,
+            b2,
+            out,
+            constant=frozenset(p - 2 for p in (3, 4) if p in constant),
+        )
+        return functools.partial(_then, first, second)
+
+    return Bindable(pointwise_depthwise, bind, takes_constant=True)
 
 
 def _depthwise_taps(xp: ModuleType, view: Array, w: Array, out: Array) -> None:

@@ -1,0 +1,207 @@
+"""An expansion and its depthwise convolution in one loop
+(``_pointwise_depthwise``), and the library's ``pointwise_depthwise`` op
+around it: against the float64 reference at both vector widths, channels
+not a multiple of a vector, strides, dilations and uneven pads, split over
+threads, bound with weights that are inputs (the two convolutions), and
+the depthwise step's bits from a given plane."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncrt.ops import _dwvector, _pointwise_depthwise, register_op_kernel
+from asyncrt.ops._kernels import global_namespace_func
+
+from .conv_reference import activate, conv_reference
+from .team_split import split_everywhere
+
+pytest.importorskip("numba")
+
+Array = np.ndarray[Any, Any]
+
+
+def _arrays(
+    shape: tuple[int, ...], channels: int, kernel: tuple[int, int], seed: int = 0
+) -> tuple[Array, ...]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w1 = (rng.standard_normal((channels, shape[1], 1, 1)) / 2).astype(np.float32)
+    b1 = rng.standard_normal(channels).astype(np.float32)
+    w2 = rng.standard_normal((channels, 1, *kernel)).astype(np.float32)
+    b2 = rng.standard_normal(channels).astype(np.float32)
+    return x, w1, b1, w2, b2
+
+
+def _reference(
+    arrays: tuple[Array, ...],
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    activations: tuple[str, str],
+) -> Array:
+    x, w1, b1, w2, b2 = arrays
+    expanded = activate(
+        conv_reference(x, w1, b1, 1, [1, 1], [0] * 4, [1, 1]), activations[0]
+    )
+    channels = w1.shape[0]
+    out = conv_reference(expanded, w2, b2, channels, strides, pads, dilations)
+    return activate(out, activations[1])
+
+
+GEOMETRIES = [
+    # shape, channels, kernel, strides, pads, dilations
+    ((1, 24, 14, 14), 40, (5, 5), [1, 1], [2, 2, 2, 2], [1, 1]),
+    ((2, 16, 11, 9), 20, (3, 3), [2, 1], [1, 0, 2, 1], [1, 1]),
+    ((1, 7, 10, 10), 33, (3, 5), [1, 2], [2, 2, 2, 2], [2, 1]),
+    ((1, 3, 3, 3), 16, (5, 5), [1, 1], [3, 3, 3, 3], [1, 1]),  # pads > plane
+]
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize(
+    ("shape", "channels", "kernel", "strides", "pads", "dilations"), GEOMETRIES
+)
+@pytest.mark.parametrize(
+    "activations", [("none", "none"), ("relu", "relu"), ("hard_swish", "hard_swish")]
+)
+def test_the_loop_matches_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+    lanes: int,
+    activations: tuple[str, str],
+    shape: tuple[int, ...],
+    channels: int,
+    kernel: tuple[int, int],
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+) -> None:
+    monkeypatch.setattr(_dwvector, "lanes", lambda: lanes)
+    arrays = _arrays(shape, channels, kernel)
+    want = _reference(arrays, strides, pads, dilations, activations)
+    out = np.full(want.shape, np.nan, np.float32)
+    _pointwise_depthwise.bind(
+        *arrays,
+        out,
+        tuple(strides),
+        tuple(pads[:2]),
+        tuple(dilations),
+        expand_activation=activations[0],
+        activation=activations[1],
+    )()
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-5)
+
+
+def test_each_activation_applies_to_its_own_step() -> None:
+    """ReLU on the expansion only: the depthwise sums may be negative."""
+    arrays = _arrays((1, 8, 6, 6), 16, (3, 3), seed=4)
+    args = ([1, 1], [1, 1, 1, 1], [1, 1])
+    want = _reference(arrays, *args, ("relu", "none"))
+    assert (want < 0).any() and not np.allclose(
+        want, _reference(arrays, *args, ("none", "none")), atol=1e-3
+    )
+    out = np.empty(want.shape, np.float32)
+    _pointwise_depthwise.bind(
+        *arrays, out, (1, 1), (1, 1), (1, 1), expand_activation="relu"
+    )()
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-5)
+
+
+def test_shares_over_threads_match_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    arrays = _arrays((2, 12, 9, 9), 72, (5, 5), seed=1)
+    alone = np.empty((2, 72, 5, 5), np.float32)
+    geometry = ((2, 2), (2, 2), (1, 1))
+    _pointwise_depthwise.bind(*arrays, alone, *geometry, activation="hard_swish")()
+    split_everywhere(monkeypatch, _dwvector)
+    shared = np.full(alone.shape, np.nan, np.float32)
+    call = _pointwise_depthwise.bind(
+        *arrays, shared, *geometry, activation="hard_swish"
+    )
+    call()
+    np.testing.assert_array_equal(shared, alone)
+
+
+def test_the_depthwise_step_is_the_depthwise_loop_bit_for_bit() -> None:
+    """From the same expanded plane the sums are the depthwise kernel's:
+    an expansion by an identity reproduces its input exactly."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 20, 9, 9)).astype(np.float32)
+    identity = np.eye(20, dtype=np.float32).reshape(20, 20, 1, 1)
+    w2 = rng.standard_normal((20, 1, 3, 3)).astype(np.float32)
+    b2 = rng.standard_normal(20).astype(np.float32)
+    geometry = ((2, 2), (1, 1), (1, 1))
+    want = np.empty((1, 20, 5, 5), np.float32)
+    _dwvector.bind(x, w2, b2, want, *geometry, activation="relu")()
+    out = np.empty_like(want)
+    zeros = np.zeros(20, np.float32)
+    _pointwise_depthwise.bind(
+        x, identity, zeros, w2, b2, out, *geometry, activation="relu"
+    )()
+    np.testing.assert_array_equal(out, want)
+
+
+def test_a_nan_reaches_only_the_outputs_whose_windows_hold_it() -> None:
+    """Every expanded channel has it (a zero weight times NaN is NaN, as
+    in the GEMM), and only the depthwise windows over its pixel."""
+    x = np.zeros((1, 4, 7, 7), np.float32)
+    x[0, 2, 3, 3] = np.nan
+    w1 = np.ones((16, 4, 1, 1), np.float32)
+    w1[:, 2] = 0.0
+    w2 = np.ones((16, 1, 3, 3), np.float32)
+    out = np.empty((1, 16, 7, 7), np.float32)
+    zeros = np.zeros(16, np.float32)
+    _pointwise_depthwise.bind(x, w1, zeros, w2, zeros, out, (1, 1), (1, 1), (1, 1))()
+    want = np.zeros(out.shape, bool)
+    want[0, :, 2:5, 2:5] = True
+    np.testing.assert_array_equal(np.isnan(out), want)
+    assert (out[~want] == 0).all()
+
+
+def test_an_unknown_activation_is_refused() -> None:
+    arrays = _arrays((1, 4, 4, 4), 16, (3, 3))
+    out = np.empty((1, 16, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="swish2"):
+        _pointwise_depthwise.bind(
+            *arrays, out, (1, 1), (1, 1), (1, 1), expand_activation="swish2"
+        )
+
+
+def _op(strides: list[int], pads: list[int], activations: tuple[str, str]) -> Any:
+    attrs = {
+        "kernel_shape": [3, 3],
+        "strides": strides,
+        "pads": pads,
+        "dilations": [1, 1],
+        "pointwise_activation": activations[0],
+        "activation": activations[1],
+    }
+    kernel = global_namespace_func(
+        register_op_kernel("pointwise_depthwise", attrs), "numpy"
+    )
+    assert kernel is not None
+    return kernel
+
+
+@pytest.mark.parametrize("constant", [frozenset({1, 2, 3, 4}), frozenset()])
+def test_the_op_bound_with_parameters_or_inputs(constant: frozenset[int]) -> None:
+    """Parameters take the fused loop; weights that are inputs the two
+    convolutions, which read them anew on every call; unbound, the same."""
+    arrays = _arrays((2, 6, 8, 8), 24, (3, 3), seed=2)
+    geometry = ([2, 2], [1, 1, 1, 1], [1, 1])
+    activations = ("hard_swish", "relu")
+    kernel = _op(geometry[0], geometry[1], activations)
+    want = _reference(arrays, *geometry, activations)
+    out = np.full(want.shape, np.nan, np.float32)
+    call = kernel.bind(*arrays, out, constant=constant)
+    call()
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-5)
+    plain = np.full(want.shape, np.nan, np.float32)
+    kernel(*arrays, plain)
+    np.testing.assert_allclose(plain, want, rtol=1e-5, atol=2e-5)
+    if not constant:
+        arrays[3][...] *= -1  # an input's new values
+        call()
+        want = _reference(arrays, *geometry, activations)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-5)
