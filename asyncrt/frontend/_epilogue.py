@@ -43,7 +43,11 @@ as ONNX Runtime's own (``MatMulAddFusion``, ``BiasGeluFusion``,
   ``SqueezeExcite(X, W1, B1, W2, B2)`` with attributes ``gate``
   (``"hard_sigmoid"`` or ``"sigmoid"``), ``alpha`` and ``beta``: six
   launches of microseconds each where the gate is computed on 1 x 1
-  planes.
+  planes. Where a 1 x 1 convolution as above (constant float32 weights)
+  alone reads its output, the pair becomes ``SqueezeGates(X, W1, B1, W2,
+  B2)`` (the gates, ``(N, C)``) and ``GatedPointwise(X, G, W, B)`` with
+  the convolution's ``activation``: the convolution scales its input's
+  rows as it loads them, and the scaled tensor is never written.
 * an inverted residual block's expansion and depthwise step: a 1 x 1
   ``Conv(X, W1, B1)`` as above (its activation folded in before, or none)
   read only by a depthwise ``Conv(W2, B2)`` (2-D, one group a channel,
@@ -97,6 +101,7 @@ def fuse_epilogues(
     count += fuser.compose_transposes()
     count += fuser.transposed_matmuls()
     count += fuser.squeeze_excitations()
+    count += fuser.gated_pointwise()
     count += fuser.pointwise_depthwise()
     if count:
         fuser.commit()
@@ -515,6 +520,47 @@ class _Fuser:
             for position in absorbed:
                 self.nodes[position] = None
             count += len(absorbed)
+        return count
+
+    def gated_pointwise(self) -> int:
+        count = 0
+        names = {n for node in self.nodes if node is not None for n in node.output}
+        names |= set(self.reader_of)
+        for index, node in enumerate(self.nodes):
+            if node is None or node.op_type != "SqueezeExcite":
+                continue
+            try:
+                conv_index, conv = self.only_reader(node.output[0], "Conv")
+            except LookupError:
+                continue
+            weights = self.const(conv.input[1]) if len(conv.input) > 1 else None
+            if not self.pointwise(conv) or weights is None:
+                continue
+            if weights.dtype != np.float32:
+                continue
+            gates = str(node.output[0]) + "_gates"
+            while gates in names:
+                gates += "_"
+            names.add(gates)
+            squeeze = onnx.helper.make_node(
+                "SqueezeGates",
+                list(node.input),
+                [gates],
+                name=node.name,
+                domain=PRIVATE_DOMAIN,
+            )
+            squeeze.attribute.extend(node.attribute)
+            gated = onnx.helper.make_node(
+                "GatedPointwise",
+                [node.input[0], gates, *conv.input[1:3]],
+                [conv.output[0]],
+                name=conv.name,
+                domain=PRIVATE_DOMAIN,
+                activation=self.activations.get(conv.output[0], "none"),
+            )
+            self.nodes[index] = squeeze
+            self.nodes[conv_index] = gated
+            count += 1
         return count
 
     def pointwise_depthwise(self) -> int:

@@ -19,6 +19,11 @@
   (``"hard_sigmoid"`` or ``"sigmoid"``), ``alpha`` and ``beta``: ``X``
   times ``gate(W2 relu(W1 mean(X) + B1) + B2)`` per channel, ``W1`` and
   ``W2`` 1 x 1 convolutions' weights, the library's ``squeeze_excite``.
+* ``SqueezeGates(X, W1, B1, W2, B2)``, attributes as ``SqueezeExcite``'s:
+  its gates alone, ``(N, C)``, the library's ``squeeze_gates``; and
+  ``GatedPointwise(X, G, W, B)``, attribute ``activation``: ``act(W (X *
+  G) + B)``, ``W`` a 1 x 1 convolution's weights, ``G`` ``(N, C)`` gates,
+  the library's ``gated_pointwise``.
 * ``PointwiseDepthwise(X, W1, B1, W2, B2)``, attributes ``kernel_shape``,
   ``strides``, ``pads``, ``dilations`` (the depthwise step's, 2-D),
   ``pointwise_activation`` and ``activation``: ``act(depthwise(pact(W1 X +
@@ -182,8 +187,8 @@ def _transposed_matmul(ctx: NodeContext) -> Lowering:
     return Call("matmul_views", (0, 1), perms)
 
 
-@private_rule("SqueezeExcite", "Mul", attrs=("gate", "alpha", "beta"))
-def _squeeze_excite(ctx: NodeContext) -> Lowering:
+def _excitation(ctx: NodeContext) -> dict[str, object]:
+    """A squeeze-excitation's checked shapes and its attributes."""
     x, w1, b1, w2, b2 = (ctx.spec(i) for i in range(5))
     rank = len(x.shape)
     channels = x.shape[1] if rank >= 3 else None
@@ -202,13 +207,54 @@ def _squeeze_excite(ctx: NodeContext) -> Lowering:
         )
         raise ctx.unsupported(reason) from InferenceFailed(reason)
     ctx.refuse("gate", ("hard_sigmoid", "sigmoid"))
-    ctx.correct_outputs([TensorSpec(x.shape, x.dtype)])
-    attrs = {
+    return {
         "gate": str(ctx.attr("gate", "hard_sigmoid")),
         "alpha": float(ctx.attr("alpha", 0.2)),
         "beta": float(ctx.attr("beta", 0.5)),
     }
+
+
+@private_rule("SqueezeExcite", "Mul", attrs=("gate", "alpha", "beta"))
+def _squeeze_excite(ctx: NodeContext) -> Lowering:
+    attrs = _excitation(ctx)
+    x = ctx.spec(0)
+    ctx.correct_outputs([TensorSpec(x.shape, x.dtype)])
     return Call("squeeze_excite", (0, 1, 2, 3, 4), attrs)
+
+
+@private_rule("SqueezeGates", "Mul", attrs=("gate", "alpha", "beta"))
+def _squeeze_gates(ctx: NodeContext) -> Lowering:
+    attrs = _excitation(ctx)
+    x = ctx.spec(0)
+    ctx.correct_outputs([TensorSpec(tuple(x.shape[:2]), x.dtype)])
+    return Call("squeeze_gates", (0, 1, 2, 3, 4), attrs)
+
+
+@private_rule("GatedPointwise", "Conv", attrs=("activation",))
+def _gated_pointwise(ctx: NodeContext) -> Lowering:
+    x, g, w, b = (ctx.spec(i) for i in range(4))
+    rank = len(x.shape)
+    ones = (1,) * (rank - 2)
+    channels = x.shape[1] if rank >= 3 else None
+    outputs = w.shape[0] if w.shape else None
+    if (
+        channels is None
+        or outputs is None
+        or g.shape != tuple(x.shape[:2])
+        or w.shape != (outputs, channels, *ones)
+        or b.shape != (outputs,)
+        or len({s.dtype for s in (x, g, w, b)}) != 1
+    ):
+        reason = (
+            "cannot convolve {} gated by {} with 1 x 1 weights {} and bias {}".format(
+                *(list(s.shape) for s in (x, g, w, b))
+            )
+        )
+        raise ctx.unsupported(reason) from InferenceFailed(reason)
+    ctx.refuse("activation", _CONV_ACTIVATIONS)
+    ctx.correct_outputs([TensorSpec((x.shape[0], outputs, *x.shape[2:]), x.dtype)])
+    attrs = {"activation": str(ctx.attr("activation", "none"))}
+    return Call("gated_pointwise", (0, 1, 2, 3), attrs)
 
 
 _CONV_ACTIVATIONS = ("none", "relu", "hard_swish")

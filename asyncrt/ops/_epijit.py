@@ -40,12 +40,14 @@ with :mod:`asyncrt.ops._jitmath`'s helpers and compiled once per machine
   16 x 12 x 512 x 512 70 -> 50 ms (a third of the memory traffic); with
   the maximum taken as rows are written, 1 x 6 x 16 x 16 2.8 -> 2.1 us,
   2 x 6 x 64 x 64 40 -> 36.
-* ``squeeze_excite(x, w1, b1, w2, b2, out, means, hidden, sigmoid, alpha,
-  beta, first, last)``: images ``first:last`` of ``(N, C, H * W)``, each
-  channel's mean, the two 1 x 1 convolutions' products (ReLU between),
-  the gate (``sigmoid``, else hard-sigmoid by ``alpha`` and ``beta``) and
-  the image scaled by it, in one call (``means`` and ``hidden``: an
-  image's scratch rows).
+* ``squeeze_excite(x, w1, b1, w2, b2, out, means, hidden, gates, sigmoid,
+  alpha, beta, first, last)``: images ``first:last`` of ``(N, C, H * W)``,
+  each channel's mean, the two 1 x 1 convolutions' products (ReLU
+  between), the gate (``sigmoid``, else hard-sigmoid by ``alpha`` and
+  ``beta``) and the image scaled by it, in one call (``means``,
+  ``hidden`` and ``gates``: an image's scratch rows);
+  ``squeeze_gates(...)`` (the same arguments but ``out``) the gates
+  alone, for a convolution that scales its input's rows by them.
 * ``row_sums(x, out, divisor, first, last)``: each row's sum over
   ``divisor`` (1 for ReduceSum, the width for ReduceMean), for small
   arrays, whose numpy reduction costs its call (3.5-4.2 us for 16 rows of
@@ -388,32 +390,48 @@ def row_extremes(x, out, largest, first, last):
 # vectorising).
 @numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False,
             fastmath={{'reassoc'}})
-def squeeze_excite(x, w1, b1, w2, b2, out, means, hidden, sigmoid, alpha, beta,
-                   first, last):
+def excite_image(x, w1, b1, w2, b2, means, hidden, gates, n, sigmoid, alpha, beta):
+    # image n's gate of each channel, into gates[n]
     channels = np.uint64(x.shape[1])
     reduced = np.uint64(w1.shape[0])
     area = np.uint64(x.shape[2])
     scale = _ONE / _F(x.shape[2])
-    for n in range(np.uint64(first), np.uint64(last)):
+    for c in range(channels):
+        total = _ZERO
+        for i in range(area):
+            total += x[n, c, i]
+        means[n, c] = total * scale
+    for r in range(reduced):
+        h = _ZERO
         for c in range(channels):
-            total = _ZERO
-            for i in range(area):
-                total += x[n, c, i]
-            means[n, c] = total * scale
+            h += w1[r, c] * means[n, c]
+        h += b1[r]
+        hidden[n, r] = h if h > _ZERO else _ZERO
+    for c in range(channels):
+        g = _ZERO
         for r in range(reduced):
-            h = _ZERO
-            for c in range(channels):
-                h += w1[r, c] * means[n, c]
-            h += b1[r]
-            hidden[n, r] = h if h > _ZERO else _ZERO
-        for c in range(channels):
-            g = _ZERO
-            for r in range(reduced):
-                g += w2[c, r] * hidden[n, r]
-            g += b2[c]
-            g = sigmoid_(g) if sigmoid else hsig_(g, alpha, beta)
+            g += w2[c, r] * hidden[n, r]
+        g += b2[c]
+        gates[n, c] = sigmoid_(g) if sigmoid else hsig_(g, alpha, beta)
+
+
+@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)
+def squeeze_excite(x, w1, b1, w2, b2, out, means, hidden, gates, sigmoid, alpha,
+                   beta, first, last):
+    area = np.uint64(x.shape[2])
+    for n in range(np.uint64(first), np.uint64(last)):
+        excite_image(x, w1, b1, w2, b2, means, hidden, gates, n, sigmoid, alpha, beta)
+        for c in range(np.uint64(x.shape[1])):
+            g = gates[n, c]
             for i in range(area):
                 out[n, c, i] = x[n, c, i] * g
+
+
+@numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)
+def squeeze_gates(x, w1, b1, w2, b2, means, hidden, gates, sigmoid, alpha, beta,
+                  first, last):
+    for n in range(np.uint64(first), np.uint64(last)):
+        excite_image(x, w1, b1, w2, b2, means, hidden, gates, n, sigmoid, alpha, beta)
 
 
 {_HEADER}
@@ -455,7 +473,8 @@ def loop(name: str) -> Callable[..., None]:
     ``"add_layer_norm"``, ``"add_layer_norm_sum"``, ``"layer_norm"``,
     ``"instance_norm"``, ``"softmax_rows"``, ``"softmax_rows_in_place"``,
     ``"scale_add_softmax_rows"``, ``"scale_where_softmax_rows"``,
-    ``"squeeze_excite"``, ``"row_sums"`` or ``"row_extremes"``).
+    ``"squeeze_excite"``, ``"squeeze_gates"``, ``"row_sums"`` or
+    ``"row_extremes"``).
 
     :raises ModuleNotFoundError: if numba is not installed.
     """

@@ -81,8 +81,9 @@ _NO_BIAS = np.zeros(1, _FLOAT32)
 #: stride), bias and its length; the parts per image: runs of channel
 #: blocks, runs of 32 positions; the row strides of x and out (floats);
 #: the step from one image's packed weights to the next (floats: 0 where
-#: every image takes the same).
-_SLOTS = 20
+#: every image takes the same); the scale of ``x``'s rows, its image step
+#: and its length.
+_SLOTS = 23
 
 _SOURCE = (
     COMMON_SOURCE
@@ -91,44 +92,71 @@ SLOTS = {slots}
 ROWS = {rows}
 COLUMN_SUMS = {column_sums}
 CHUNKED_DEPTH, DEPTH_CHUNK = {chunked_depth}, {depth_chunk}
+SCALED = {scaled}  # each row d of x times scale[d] as it is loaded
+
+
+def _conv_intrinsic(emit, chunked=False):
+    # an intrinsic block_(w, x, out, bias, scale, kb, c0, flags) (chunked:
+    # chunk_(..., flags, d0, d1)) of five float32 C-contiguous arrays (3,
+    # 2, 2, 1 and 1 dimensions) and intp, whose code emit(context, builder,
+    # signature, args) writes
+    def typed(arrays, ints):
+        if not all(_is_float_array(a, n) for a, n in zip(arrays, (3, 2, 2, 1, 1))):
+            return None
+        return types.void(*arrays, *[types.intp] * ints), emit
+
+    if chunked:
+
+        def chunk_(typingctx, w, x, out, bias, scale, kb, c0, flags, d0, d1):
+            return typed((w, x, out, bias, scale), 5)
+
+        return intrinsic(chunk_)
+
+    def block_(typingctx, w, x, out, bias, scale, kb, c0, flags):
+        return typed((w, x, out, bias, scale), 3)
+
+    return intrinsic(block_)
 
 
 def _block(vectors, lanes):
-    # an intrinsic block_(w, x, out, bias, kb, c0, flags): out[8 kb : 8 kb
-    # + ROWS, c0 : c0 + vectors * lanes] = w[kb] (D, ROWS) transposed @
-    # x[:, c0 : ...], finished (_finish); channels past out's rows are
-    # not stored
-    emit = functools.partial(_emit_block, vectors, lanes, False)
-    return _block_intrinsic((3, 2, 2, 1), emit)
+    # an intrinsic block_(w, x, out, bias, scale, kb, c0, flags): out[8 kb :
+    # 8 kb + ROWS, c0 : c0 + vectors * lanes] = w[kb] (D, ROWS) transposed
+    # @ x[:, c0 : ...] (its rows scaled where SCALED), finished (_finish);
+    # channels past out's rows are not stored
+    return _conv_intrinsic(functools.partial(_emit_block, vectors, lanes, False))
 
 
 def _chunk(vectors, lanes):
-    # an intrinsic chunk_(w, x, out, bias, kb, c0, flags, d0, d1): block_'s
-    # sums over d0:d1 only, added to out's where d0 > 0 (the sums of
-    # 0:d0, stored unfinished), finished where d1 is the depth; lanes 0:
+    # an intrinsic chunk_(w, x, out, bias, scale, kb, c0, flags, d0, d1):
+    # block_'s sums over d0:d1 only, added to out's where d0 > 0 (the sums
+    # of 0:d0, stored unfinished), finished where d1 is the depth; lanes 0:
     # the lone position's column
     if lanes:
         emit = functools.partial(_emit_block, vectors, lanes, True)
     else:
         emit = functools.partial(_emit_column, chunked=True)
+    return _conv_intrinsic(emit, chunked=True)
 
-    def chunk_(typingctx, w, x, out, bias, kb, c0, flags, d0, d1):
-        arrays = (w, x, out, bias)
-        if not all(_is_float_array(a, n) for a, n in zip(arrays, (3, 2, 2, 1))):
-            return None
-        return types.void(*arrays, *[types.intp] * 5), emit
 
-    return intrinsic(chunk_)
+def _scaled(b, e, value, scale_, d):
+    # value (x's row d, a vector or a float) times scale[d] where SCALED:
+    # the product a squeeze-excitation would have stored, rounded alike
+    if not SCALED:
+        return value
+    factor = b.load(b.gep(scale_.data, [d]))
+    if isinstance(value.type, ir.VectorType):
+        factor = e.spread(factor)
+    return b.fmul(value, factor)
 
 
 def _emit_block(vectors, lanes, chunked, context, builder, signature, args):
     b = builder
     e = _Emit(context, builder, lanes)
-    w_, x_, out_, bias_ = e.arrays(signature, args, 4)
-    kb, c0, flags = args[4:7]
+    w_, x_, out_, bias_, scale_ = e.arrays(signature, args, 5)
+    kb, c0, flags = args[5:8]
     # (the arrays' second axes are their row strides)
     depth, width = cgutils.unpack_tuple(b, x_.shape, 2)
-    d0, d1 = args[7:9] if chunked else (e.const(0), depth)
+    d0, d1 = args[8:10] if chunked else (e.const(0), depth)
     fma = _fma(b, e.vector)
     sums = [
         [cgutils.alloca_once_value(b, e.splat(0.0)) for _ in range(vectors)]
@@ -151,7 +179,10 @@ def _emit_block(vectors, lanes, chunked, context, builder, signature, args):
     following = b.mul(depth, e.const(ROWS)) if chunked else None
     with cgutils.for_range_slice(b, d0, d1, e.const(1)) as (d, _):
         row = b.add(b.mul(d, width), c0)
-        xs = [e.load(x_, b.add(row, e.const(v * lanes))) for v in range(vectors)]
+        xs = [
+            _scaled(b, e, e.load(x_, b.add(row, e.const(v * lanes))), scale_, d)
+            for v in range(vectors)
+        ]
         at = b.add(block, b.mul(d, e.const(ROWS)))
         if following is not None:
             e.prefetch(w_, b.add(at, following))
@@ -199,10 +230,10 @@ def _emit_column(context, builder, signature, args, chunked=False):
     e = _Emit(context, builder, 1)
     across = _Emit(context, builder, ROWS)  # (vectors of a block's channels)
     vector = across.vector
-    w_, x_, out_, bias_ = e.arrays(signature, args, 4)
-    kb, c0, flags = args[4:7]
+    w_, x_, out_, bias_, scale_ = e.arrays(signature, args, 5)
+    kb, c0, flags = args[5:8]
     depth, width = cgutils.unpack_tuple(b, x_.shape, 2)
-    d0, d1 = args[7:9] if chunked else (e.const(0), depth)
+    d0, d1 = args[8:10] if chunked else (e.const(0), depth)
     fma = _fma(b, vector)
     zero = ir.Constant(vector, [ir.Constant(ir.FloatType(), 0.0)] * ROWS)
     sums = [cgutils.alloca_once_value(b, zero) for _ in range(COLUMN_SUMS)]
@@ -223,6 +254,7 @@ def _emit_column(context, builder, signature, args, chunked=False):
 
     def add_term(d, slot):
         x = b.load(b.gep(x_.data, [b.add(b.mul(d, width), c0)]))
+        x = _scaled(b, e, x, scale_, d)
         at = b.gep(w_.data, [b.add(block, b.mul(d, e.const(ROWS)))])
         weights = b.load(b.bitcast(at, vector.as_pointer()), align=4)
         b.store(b.call(fma, [weights, across.spread(x), b.load(slot)]), slot)
@@ -258,40 +290,40 @@ def _emit_column(context, builder, signature, args, chunked=False):
 # time in runs narrower than 8
 block_wide_, block_16_ = _block(2, 16), _block(1, 16)
 block_8_ = _block(1, 8)
-block_1_ = _block_intrinsic((3, 2, 2, 1), _emit_column)
+block_1_ = _conv_intrinsic(_emit_column)
 chunk_wide_, chunk_16_, chunk_8_ = _chunk(2, 16), _chunk(1, 16), _chunk(1, 8)
 chunk_1_ = _chunk(1, 0)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
-def conv_gemm(w, x, out, bias, flags, kb_first, kb_last, first, last):
+def conv_gemm(w, x, out, bias, scale, flags, kb_first, kb_last, first, last):
     # out[8 kb_first : 8 kb_last, first:last] of W @ x, W packed into w,
     # finished as flags say: a block of weights stays in cache over the
     # positions; no cell outside first:last is written
     depth = x.shape[0]
     if depth > CHUNKED_DEPTH:
-        conv_chunks(w, x, out, bias, flags, kb_first, kb_last, first, last)
+        conv_chunks(w, x, out, bias, scale, flags, kb_first, kb_last, first, last)
         return
     for kb in range(kb_first, kb_last):
         c = first
         while c + 32 <= last:
-            block_wide_(w, x, out, bias, kb, c, flags)
+            block_wide_(w, x, out, bias, scale, kb, c, flags)
             c += 32
         if c + 16 <= last:
-            block_16_(w, x, out, bias, kb, c, flags)
+            block_16_(w, x, out, bias, scale, kb, c, flags)
             c += 16
         if c + 8 <= last:
-            block_8_(w, x, out, bias, kb, c, flags)
+            block_8_(w, x, out, bias, scale, kb, c, flags)
             c += 8
         if c < last and last - first >= 8:
-            block_8_(w, x, out, bias, kb, last - 8, flags)
+            block_8_(w, x, out, bias, scale, kb, last - 8, flags)
         elif c < last:
             for p in range(c, last):
-                block_1_(w, x, out, bias, kb, p, flags)
+                block_1_(w, x, out, bias, scale, kb, p, flags)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
-def conv_chunks(w, x, out, bias, flags, kb_first, kb_last, first, last):
+def conv_chunks(w, x, out, bias, scale, flags, kb_first, kb_last, first, last):
     # conv_gemm by chunks of DEPTH_CHUNK rows of x: a chunk of x stays in
     # cache over every block of weights, each block's chunk over the
     # positions, and each weight is read from memory once
@@ -301,18 +333,18 @@ def conv_chunks(w, x, out, bias, flags, kb_first, kb_last, first, last):
         for kb in range(kb_first, kb_last):
             c = first
             while c + 32 <= last:
-                chunk_wide_(w, x, out, bias, kb, c, flags, d0, d1)
+                chunk_wide_(w, x, out, bias, scale, kb, c, flags, d0, d1)
                 c += 32
             if c + 16 <= last:
-                chunk_16_(w, x, out, bias, kb, c, flags, d0, d1)
+                chunk_16_(w, x, out, bias, scale, kb, c, flags, d0, d1)
                 c += 16
             if c + 8 <= last:
-                chunk_8_(w, x, out, bias, kb, c, flags, d0, d1)
+                chunk_8_(w, x, out, bias, scale, kb, c, flags, d0, d1)
                 c += 8
             # (a block ending at the run's end would add this chunk twice
             # to the cells it shares with the one before)
             for p in range(c, last):
-                chunk_1_(w, x, out, bias, kb, p, flags, d0, d1)
+                chunk_1_(w, x, out, bias, scale, kb, p, flags, d0, d1)
 
 
 @team_kernel
@@ -344,16 +376,18 @@ def conv_claimed(data):
         if sp == strip_parts - 1:
             last = width
         kb_first, kb_last = blocks * bp // block_parts, blocks * (bp + 1) // block_parts
-        conv_gemm(w, x, out, bias, flags, kb_first, kb_last, first, last)
+        scale = numba.carray(floats_(d[20] + 4 * image * d[21]), d[22])
+        conv_gemm(w, x, out, bias, scale, flags, kb_first, kb_last, first, last)
 """
 )
 
 
 @functools.cache
-def _kernel_address() -> int:
+def _kernel_address(scaled: bool = False) -> int:
     """The address of ``void conv_claimed(void *data)``, compiled (or
-    loaded from numba's disk cache)."""
-    values = {**COMMON_VALUES, "slots": _SLOTS, "rows": ROWS}
+    loaded from numba's disk cache); ``scaled``: the variant that scales
+    ``x``'s rows as it loads them."""
+    values = {**COMMON_VALUES, "slots": _SLOTS, "rows": ROWS, "scaled": scaled}
     values["column_sums"] = COLUMN_SUMS
     values["chunked_depth"] = CHUNKED_DEPTH
     values["depth_chunk"] = DEPTH_CHUNK
@@ -422,6 +456,7 @@ def bind(
     bias: Array | None = None,
     relu: bool = False,
     hard_swish: bool = False,
+    scale: Array | None = None,
 ) -> Callable[[], None]:
     """``out[n] = w @ x[n]`` (a stack of weights: ``w[n] @ x[n]``) for
     every image ``n`` (:func:`takes` holds; ``w``'s values fixed for the
@@ -430,11 +465,21 @@ def bind(
     arguments.
 
     :param bias: ``(K,)`` float32, C-contiguous, read each call.
+    :param scale: ``(N, D)`` float32, C-contiguous, read each call: ``x[n]``'s
+        row ``d`` times ``scale[n, d]`` (rounded) before the product (a
+        squeeze-excitation's gates).
     """
     kind = "panel_conv_stack" if w.ndim == 3 else "panel_conv"
     packed = _packed.shared(kind, w, pack)
     return bind_packed(
-        packed, w.shape[-2], x, out, bias=bias, relu=relu, hard_swish=hard_swish
+        packed,
+        w.shape[-2],
+        x,
+        out,
+        bias=bias,
+        relu=relu,
+        hard_swish=hard_swish,
+        scale=scale,
     )
 
 
@@ -447,11 +492,14 @@ def bind_packed(
     bias: Array | None = None,
     relu: bool = False,
     hard_swish: bool = False,
+    scale: Array | None = None,
 ) -> Callable[[], None]:
     """:func:`bind` of weights :func:`pack` made: ``packed`` (a stack's
     with one matrix an image) of ``channels`` output channels; :func:`takes`
     holds for the weights it was made of."""
-    run = _native_team.launcher(_kernel_address())
+    if scale is not None and scale.shape != x.shape[:2]:
+        raise ValueError(f"a scale of {scale.shape} for x of {x.shape}")
+    run = _native_team.launcher(_kernel_address(scale is not None))
     _native_team.use()
     stacked = packed.ndim == 4
     images, depth, width = x.shape
@@ -467,9 +515,11 @@ def bind_packed(
     slots += [out_image, shift.ctypes.data, shift.size, 1, 1]
     slots += [x_row if depth > 1 else width, out_row if channels > 1 else width]
     slots.append(packed[0].size if stacked else 0)
+    factors = _NO_BIAS if scale is None else scale
+    slots += [factors.ctypes.data, 0 if scale is None else depth, factors.shape[-1]]
     data = np.array(slots, np.int64)
     address = data.ctypes.data
-    held = (packed, x, out, shift)  # (the addresses in data stay valid)
+    held = (packed, x, out, shift, factors)  # (the addresses in data stay valid)
     work = images * channels * depth * width
     large = work >= MIN_PARALLEL_WORK
     strips = max(1, width // _WIDE)

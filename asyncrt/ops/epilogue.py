@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import functools
 import math
+import typing
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
@@ -73,9 +74,18 @@ import numpy as np
 
 from scheduler.dag import TensorSpec
 
-from . import _batched_gemm, _epijit, _jit, _panel_gemm, _team_blas, _team_parts
+from . import (
+    _batched_gemm,
+    _epijit,
+    _jit,
+    _panel_conv,
+    _panel_gemm,
+    _team_blas,
+    _team_parts,
+)
 from ._builtin import SOFTMAX_SPLIT_ELEMENTS, bind_matmul
 from ._common import BOUND_SCRATCH_BYTES, Array, choice, flag, integer, ints, number
+from ._conv_epilogue import ACTIVATIONS as CONV_ACTIVATIONS
 from ._kernels import Bindable
 from ._library import Attrs, define, lookup
 
@@ -531,48 +541,85 @@ def _squeeze_excite_flops(
     return 2.0 * x.size + 4.0 * images * w1.size
 
 
-@define("squeeze_excite", flops=_squeeze_excite_flops)
-def _squeeze_excite(xp: ModuleType, attrs: Attrs) -> Kernel:
-    sigmoid = choice(attrs, "gate", GATES) == "sigmoid"
-    alpha, beta = number(attrs, "alpha"), number(attrs, "beta")
+def _squeeze_gates_flops(
+    ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]
+) -> float:
+    """The mean (a flop an element) and the two products' multiply-adds."""
+    x, w1 = ins[0], ins[1]
+    images = x.shape[0] if x.shape else 1
+    return 1.0 * x.size + 4.0 * images * w1.size
 
-    def passes(
-        x: Array, w1: Array, b1: Array, w2: Array, b2: Array, out: Array
-    ) -> None:
+
+class _Excitation:
+    """A squeeze-excitation's steps for ``attrs`` (``gate``, ``alpha``,
+    ``beta``) in the array namespace ``xp``: the gates, and the input
+    scaled by them."""
+
+    def __init__(self, xp: ModuleType, attrs: Attrs) -> None:
+        self.xp = xp
+        self.sigmoid = choice(attrs, "gate", GATES) == "sigmoid"
+        self.alpha, self.beta = number(attrs, "alpha"), number(attrs, "beta")
+
+    def gates(self, x: Array, w1: Array, b1: Array, w2: Array, b2: Array) -> Array:
+        """numpy's passes: each image's gate per channel ``(N, C)``."""
+        xp = self.xp
         images, channels = x.shape[:2]
         reduced = w1.shape[0]
         means = x.reshape(images, channels, -1).mean(axis=2, dtype=x.dtype)
         hidden = xp.matmul(means, w1.reshape(reduced, channels).T) + b1
         xp.maximum(hidden, 0, out=hidden)
         gate = xp.matmul(hidden, w2.reshape(channels, reduced).T) + b2
-        if sigmoid:
-            gate = 1 / (1 + xp.exp(-gate))
-        else:
-            gate = xp.clip(gate * gate.dtype.type(alpha) + gate.dtype.type(beta), 0, 1)
+        if self.sigmoid:
+            return 1 / (1 + xp.exp(-gate))
+        kind = gate.dtype.type
+        return xp.clip(gate * kind(self.alpha) + kind(self.beta), 0, 1)
+
+    def bind_loop(
+        self, name: str, x: Array, weights: tuple[Array, ...], *rest: Array
+    ) -> Callable[[], None]:
+        """The compiled ``squeeze_excite`` (``rest``: its output and the
+        gates) or ``squeeze_gates`` (``rest``: the gates), split over the
+        images."""
+        w1, b1, w2, b2 = weights
+        images, channels = x.shape[:2]
+        reduced = w1.shape[0]
+        area = x.size // (images * channels)
+        outputs = [a.reshape(images, channels, -1) for a in rest[:-1]]
+        arrays = (
+            x.reshape(images, channels, area),
+            w1.reshape(reduced, channels),
+            b1,
+            w2.reshape(channels, reduced),
+            b2,
+            *outputs,
+            np.empty((images, channels), np.float32),  # each image's means,
+            np.empty((images, reduced), np.float32),  # hidden layer
+            rest[-1].reshape(images, channels),  # and gates
+            self.sigmoid,
+            np.float32(self.alpha),
+            np.float32(self.beta),
+        )
+        return _epijit.bind_rows(_epijit.loop(name), arrays, images, channels * area)
+
+
+@define("squeeze_excite", flops=_squeeze_excite_flops)
+def _squeeze_excite(xp: ModuleType, attrs: Attrs) -> Kernel:
+    excitation = _Excitation(xp, attrs)
+
+    def passes(
+        x: Array, w1: Array, b1: Array, w2: Array, b2: Array, out: Array
+    ) -> None:
+        gate = excitation.gates(x, w1, b1, w2, b2)
+        images, channels = x.shape[:2]
         xp.multiply(x, gate.reshape(images, channels, *(1,) * (x.ndim - 2)), out=out)
 
     def bind(
         x: Array, w1: Array, b1: Array, w2: Array, b2: Array, out: Array
     ) -> Callable[[], None]:
         if out.size and _compiles(x, w1, b1, w2, b2, out):
-            images, channels = x.shape[:2]
-            reduced = w1.shape[0]
-            area = x.size // (images * channels)
-            arrays = (
-                x.reshape(images, channels, area),
-                w1.reshape(reduced, channels),
-                b1,
-                w2.reshape(channels, reduced),
-                b2,
-                out.reshape(images, channels, area),
-                np.empty((images, channels), np.float32),  # each image's means
-                np.empty((images, reduced), np.float32),  # and hidden layer
-                sigmoid,
-                np.float32(alpha),
-                np.float32(beta),
-            )
-            loop = _epijit.loop("squeeze_excite")
-            return _epijit.bind_rows(loop, arrays, images, channels * area)
+            gates = np.empty(x.shape[:2], np.float32)
+            weights = (w1, b1, w2, b2)
+            return excitation.bind_loop("squeeze_excite", x, weights, out, gates)
         return functools.partial(passes, x, w1, b1, w2, b2, out)
 
     def squeeze_excite(
@@ -581,6 +628,125 @@ def _squeeze_excite(xp: ModuleType, attrs: Attrs) -> Kernel:
         bind(x, w1, b1, w2, b2, out)()
 
     return Bindable(squeeze_excite, bind)
+
+
+@define("squeeze_gates", flops=_squeeze_gates_flops)
+def _squeeze_gates(xp: ModuleType, attrs: Attrs) -> Kernel:
+    """A squeeze-excitation's gates ``(N, C)`` alone (attributes as
+    ``squeeze_excite``'s): the convolution after it scales its input's
+    rows by them (``gated_pointwise``)."""
+    excitation = _Excitation(xp, attrs)
+
+    def passes(
+        x: Array, w1: Array, b1: Array, w2: Array, b2: Array, out: Array
+    ) -> None:
+        out[...] = excitation.gates(x, w1, b1, w2, b2)
+
+    def bind(
+        x: Array, w1: Array, b1: Array, w2: Array, b2: Array, out: Array
+    ) -> Callable[[], None]:
+        if out.size and x.size and _compiles(x, w1, b1, w2, b2, out):
+            return excitation.bind_loop("squeeze_gates", x, (w1, b1, w2, b2), out)
+        return functools.partial(passes, x, w1, b1, w2, b2, out)
+
+    def squeeze_gates(
+        x: Array, w1: Array, b1: Array, w2: Array, b2: Array, out: Array
+    ) -> None:
+        bind(x, w1, b1, w2, b2, out)()
+
+    return Bindable(squeeze_gates, bind)
+
+
+def _gated_pointwise_flops(
+    ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]
+) -> float:
+    """The scaling (a flop an input element) and the product."""
+    x, w = ins[0], ins[2]
+    return 1.0 * x.size + 2.0 * outs[0].size * (w.shape[1] if len(w.shape) > 1 else 1)
+
+
+@define("gated_pointwise", flops=_gated_pointwise_flops, blas=True)
+def _gated_pointwise(xp: ModuleType, attrs: Attrs) -> Kernel:
+    """``act(w @ (x * gates) + b)``: a 1 x 1 convolution (``w`` ``(K, C, 1,
+    1)``, one group, no pads or strides) of ``x`` ``(N, C, ...)`` scaled
+    per image and channel by ``gates`` ``(N, C)`` (a squeeze-excitation's:
+    ``squeeze_gates``); attribute ``activation`` (``"none"``, ``"relu"``
+    or ``"hard_swish"``). Bound with float32 parameters for weights and
+    bias, the panel GEMM scales each row as it loads it
+    (:mod:`asyncrt.ops._panel_conv`): the scaled input is never written;
+    else the scaling, then the convolution."""
+    activation = choice(attrs, "activation", CONV_ACTIVATIONS)
+    conv = lookup("conv")
+    assert conv is not None
+    pointwise: dict[str, object] = {
+        "kernel_shape": [1, 1],
+        "strides": [1, 1],
+        "dilations": [1, 1],
+        "pads": [0, 0, 0, 0],
+        "auto_pad": "NOTSET",
+        "group": 1,
+        "bias": True,
+        "activation": activation,
+    }
+    product = conv.make(xp, pointwise)
+
+    def scaled(x: Array, gates: Array) -> Array:
+        images, channels = x.shape[:2]
+        factors = gates.reshape(images, channels, *(1,) * (x.ndim - 2))
+        return xp.multiply(x, factors)
+
+    def gated_pointwise(x: Array, gates: Array, w: Array, b: Array, out: Array) -> None:
+        product(scaled(x, gates), w, b, out)
+
+    def bind(
+        x: Array,
+        gates: Array,
+        w: Array,
+        b: Array,
+        out: Array,
+        constant: frozenset[int] = frozenset(),
+    ) -> Callable[[], None]:
+        images, channels = x.shape[:2]
+        planes = (images, channels, -1)
+        if (
+            out.size
+            and {2, 3} <= constant
+            and x.ndim == 4
+            and _compiles(x, gates, w, b)
+            and isinstance(out, np.ndarray)
+            and out.flags.c_contiguous
+        ):
+            weights = w.reshape(w.shape[0], channels)
+            matrix, result = (
+                x.reshape(planes),
+                out.reshape(out.shape[0], w.shape[0], -1),
+            )
+            if _panel_conv.takes(weights, matrix, result, b):
+                return _panel_conv.bind(
+                    weights,
+                    matrix,
+                    result,
+                    bias=b,
+                    relu=activation == "relu",
+                    hard_swish=activation == "hard_swish",
+                    scale=gates.reshape(images, channels),
+                )
+        # the scaled input made in a buffer of the binding's, then the
+        # convolution bound as the unfused graph's would be
+        excited = xp.empty_like(x)
+        factors = gates.reshape(images, channels, *(1,) * (x.ndim - 2))
+        parameters = frozenset(p - 1 for p in (2, 3) if p in constant)
+        convolve = typing.cast(Bindable, product).bind(
+            excited, w, b, out, constant=parameters
+        )
+
+        def gated() -> None:
+            xp.multiply(x, factors, out=excited)
+            convolve()
+
+        return gated
+
+    return Bindable(gated_pointwise, bind, takes_constant=True)
 
 
 @define("matmul_views", flops=_matmul_views_flops, blas=True)

@@ -31,9 +31,11 @@ def _block(
     fc1_attrs: dict[str, Any] | None = None,
     extra_outputs: tuple[str, ...] = (),
     dims: list[Any] | None = None,
+    projection: dict[str, Any] | None = None,
 ) -> onnx.ModelProto:
     """x (2, C, H, H) -> Relu -> the squeeze-excitation block -> out; the
-    Mul scales ``scaled``."""
+    Mul scales ``scaled``; with ``projection`` (the attributes of a Conv),
+    a convolution C -> 6 channels of the block's output gives out."""
     rng = np.random.default_rng(5)
     inits = [
         numpy_helper.from_array(
@@ -57,6 +59,18 @@ def _block(
         helper.make_node(gate, ["fc2"], ["gate"], name="gate", **gate_attrs),
         helper.make_node("Mul", [scaled, "gate"], ["out"], name="scale"),
     ]
+    if projection is not None:
+        shape = (6, C, *projection.pop("kernel", (1, 1)))
+        inits += [
+            numpy_helper.from_array(
+                rng.standard_normal(shape).astype(np.float32), "w3"
+            ),
+            numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b3"),
+        ]
+        nodes[-1].output[0] = "excited"
+        nodes.append(
+            helper.make_node("Conv", ["excited", "w3", "b3"], ["out"], **projection)
+        )
     graph = helper.make_graph(
         nodes,
         "se",
@@ -142,3 +156,50 @@ def test_the_fused_block_runs_at_every_input_shape() -> None:
             (got,) = [o.numpy() for o in executor.run_sync(x_in=x) or []]
             want = session.run(None, {"x_in": x})[0]
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_pointwise_convolution_after_it_scales_its_rows_by_the_gates() -> None:
+    model = _block(projection={})
+    graph = rewrite(model).model.graph
+    assert [node.op_type for node in graph.node] == [
+        "Relu",
+        "SqueezeGates",
+        "GatedPointwise",
+    ]
+    gates, gated = graph.node[1], graph.node[2]
+    assert list(gated.input) == ["x", gates.output[0], "w3", "b3"]
+    assert list(gated.output) == ["out"]
+    _check(model)
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"projection": {"strides": [2, 2]}},  # not a plain 1 x 1 convolution
+        {"projection": {"kernel": (3, 3), "pads": [1, 1, 1, 1]}},
+        {"projection": {}, "extra_outputs": ("excited",)},  # read elsewhere
+    ],
+    ids=["strided", "3x3", "excited-read"],
+)
+def test_other_convolutions_after_it_keep_the_excitation(
+    changed: dict[str, Any],
+) -> None:
+    model = _block(**changed)
+    ops = [node.op_type for node in rewrite(model).model.graph.node]
+    assert ops == ["Relu", "SqueezeExcite", "Conv"]
+    _check(model)
+
+
+def test_the_gated_convolution_runs_at_every_input_shape() -> None:
+    model = _block(dims=["N", C, "H", "W"], projection={})
+    session = ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    graph, params = from_onnx(model)
+    rng = np.random.default_rng(8)
+    with graph_executor.create(graph, params=params) as executor:
+        for shape in ((1, C, 7, 7), (3, C, 4, 9), (2, C, 1, 1)):
+            x = rng.standard_normal(shape).astype(np.float32)
+            (got,) = [o.numpy() for o in executor.run_sync(x_in=x) or []]
+            want = session.run(None, {"x_in": x})[0]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -396,6 +396,53 @@ def test_squeeze_excite_equals_the_unfused_block(
     np.testing.assert_array_equal(again, out)
 
 
+@pytest.mark.parametrize("compiled", ENGINES)
+@pytest.mark.parametrize("constant", [frozenset({2, 3}), frozenset()])
+@pytest.mark.parametrize("activation", ["none", "relu", "hard_swish"])
+@pytest.mark.parametrize("shape", [(1, 40, 14, 14), (3, 24, 2, 3)])
+def test_the_gates_then_the_gated_convolution_equal_the_excitation_then_the_conv(
+    compiled: bool,
+    constant: frozenset[int],
+    activation: str,
+    shape: tuple[int, ...],
+    monkeypatch: Any,
+) -> None:
+    """``squeeze_gates`` gives the gates ``squeeze_excite`` scales by, and
+    ``gated_pointwise`` of them the 1 x 1 convolution of the excited
+    tensor: bit for bit (the panel GEMM rounds each scaled row as the
+    excitation stores it), the gates read anew on every call."""
+    monkeypatch.setattr(_jit, "enabled", compiled)
+    channels, reduced, outputs = shape[1], max(1, shape[1] // 4), 20
+    x = _float(*shape) * 3
+    w1, b1 = _float(reduced, channels, 1, 1) * 0.5, _float(reduced)
+    w2, b2 = _float(channels, reduced, 1, 1) * 0.5, _float(channels)
+    w, b = _float(outputs, channels, 1, 1) * 0.3, _float(outputs)
+    gate_attrs = {"gate": "hard_sigmoid", "alpha": 1 / 6, "beta": 0.5}
+    excited = np.empty_like(x)
+    _op("squeeze_excite", **gate_attrs).bind(x, w1, b1, w2, b2, excited)()
+    gates = np.full(shape[:2], np.nan, np.float32)
+    _op("squeeze_gates", **gate_attrs).bind(x, w1, b1, w2, b2, gates)()
+    np.testing.assert_array_equal(x * gates[:, :, None, None], excited)
+    conv = {"kernel_shape": [1, 1], "strides": [1, 1], "dilations": [1, 1]}
+    conv |= {"pads": [0] * 4, "auto_pad": "NOTSET", "group": 1, "bias": True}
+    plain = _op("conv", **conv, activation=activation)
+    gated = _op("gated_pointwise", activation=activation)
+    out = np.full((shape[0], outputs, *shape[2:]), np.nan, np.float32)
+    call = gated.bind(x, gates, w, b, out, constant=constant)
+    for _ in range(2):
+        want = np.empty_like(out)
+        plain_constant = frozenset({1, 2}) if constant else frozenset()
+        plain.bind(x * gates[:, :, None, None], w, b, want, constant=plain_constant)()
+        call()
+        np.testing.assert_array_equal(out, want)
+        gates[...] = RNG.uniform(0, 1, gates.shape)  # the next run's gates
+    unbound = np.empty_like(out)
+    gated(x, gates, w, b, unbound)
+    want = np.empty_like(out)
+    plain(x * gates[:, :, None, None], w, b, want)
+    np.testing.assert_array_equal(unbound, want)
+
+
 def test_squeeze_excite_in_place_and_in_float64() -> None:
     x = RNG.standard_normal((2, 12, 6, 6))
     w1, b1 = RNG.standard_normal((3, 12, 1, 1)), RNG.standard_normal(3)

@@ -52,6 +52,32 @@ def _close(out: Any, want: Any) -> None:
 
 @pytest.mark.parametrize("mode", ["one thread", "two threads", "crowded"])
 @pytest.mark.parametrize(
+    ("depth", "positions"),
+    [(37, 70), (37, 5), (1100, 33)],  # (the last chunked)
+)
+def test_scaled_rows_give_the_bits_of_the_scaled_input(
+    monkeypatch: pytest.MonkeyPatch, mode: str, depth: int, positions: int
+) -> None:
+    """Each image's rows of x times its own scale as they are loaded: the
+    product of the scaled input (a squeeze-excitation's output), bit for
+    bit, the scale read on every call."""
+    _threads_as(monkeypatch, mode)
+    w, x, bias = _f(20, depth), _f(2, depth, positions), _f(20)
+    scale = _f(2, depth)
+    out = np.full((2, 20, positions), np.nan, np.float32)
+    call = _panel_conv.bind(w, x, out, bias=bias, hard_swish=True, scale=scale)
+    for _ in range(2):
+        want = np.empty_like(out)
+        _panel_conv.bind(w, x * scale[:, :, None], want, bias=bias, hard_swish=True)()
+        call()
+        np.testing.assert_array_equal(out, want)
+        scale[...] = _f(2, depth)  # new gates: read anew
+    with pytest.raises(ValueError, match="scale"):
+        _panel_conv.bind(w, x, out, scale=scale[:, :-1])
+
+
+@pytest.mark.parametrize("mode", ["one thread", "two threads", "crowded"])
+@pytest.mark.parametrize(
     ("images", "channels", "depth", "positions"),
     [
         (1, 1, 1, 1),
