@@ -103,6 +103,7 @@ def fuse_epilogues(
     count += fuser.squeeze_excitations()
     count += fuser.gated_pointwise()
     count += fuser.pointwise_depthwise()
+    count += fuser.residual_adds()
     if count:
         fuser.commit()
     return count
@@ -562,6 +563,67 @@ class _Fuser:
             self.nodes[conv_index] = gated
             count += 1
         return count
+
+    def residual_adds(self) -> int:
+        count = 0
+        for index, node in enumerate(self.nodes):
+            if node is None or not is_op(node, "Add") or len(node.input) != 2:
+                continue
+            for product, residual in (node.input, node.input[::-1]):
+                fused = self.with_residual(product, residual)
+                if fused is not None:
+                    break
+            else:
+                continue
+            producer, inputs, op_type = fused
+            absorbed = [producer, index]
+            output, activation = str(node.output[0]), "none"
+            try:
+                relu_index, relu = self.only_reader(output, "Relu")
+                output, activation = str(relu.output[0]), "relu"
+                absorbed.append(relu_index)
+            except LookupError:
+                pass
+            for position in absorbed:
+                self.nodes[position] = None
+            self.nodes[absorbed[-1]] = onnx.helper.make_node(
+                op_type,
+                inputs,
+                [output],
+                name=node.name,
+                domain=PRIVATE_DOMAIN,
+                activation=activation,
+            )
+            count += len(absorbed) - 1
+        return count
+
+    def with_residual(
+        self, product: str, residual: str
+    ) -> tuple[int, list[str], str] | None:
+        """Where ``product`` is read by its Add alone and made by a 1 x 1
+        convolution that applies no activation (a Conv as
+        :meth:`pointwise` has it, float32 weights, or a
+        ``GatedPointwise``): its index, the fused node's inputs (with
+        ``residual`` last) and op type."""
+        if product == residual or self.readers[product] != 1:
+            return None
+        if product in self.outputs or product not in self.producer:
+            return None
+        index = self.producer[product]
+        node = self.nodes[index]
+        if node is None or self.activations.get(product, "none") != "none":
+            return None
+        if node.op_type == "GatedPointwise" and len(node.input) == 4:
+            given = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            if given.get("activation", b"none") not in (b"none", "none"):
+                return None
+            return index, [*node.input, residual], "GatedPointwise"
+        if not is_op(node, "Conv") or not self.pointwise(node):
+            return None
+        weights = self.const(node.input[1])
+        if weights is None or weights.dtype != np.float32:
+            return None
+        return index, [*node.input, residual], "PointwiseResidual"
 
     def pointwise_depthwise(self) -> int:
         count = 0

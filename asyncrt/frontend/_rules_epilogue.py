@@ -20,10 +20,12 @@
   times ``gate(W2 relu(W1 mean(X) + B1) + B2)`` per channel, ``W1`` and
   ``W2`` 1 x 1 convolutions' weights, the library's ``squeeze_excite``.
 * ``SqueezeGates(X, W1, B1, W2, B2)``, attributes as ``SqueezeExcite``'s:
-  its gates alone, ``(N, C)``, the library's ``squeeze_gates``; and
-  ``GatedPointwise(X, G, W, B)``, attribute ``activation``: ``act(W (X *
-  G) + B)``, ``W`` a 1 x 1 convolution's weights, ``G`` ``(N, C)`` gates,
-  the library's ``gated_pointwise``.
+  its gates alone, ``(N, C)``, the library's ``squeeze_gates``;
+  ``GatedPointwise(X, G, W, B[, R])``, attribute ``activation``: ``act(W
+  (X * G) + B [+ R])``, ``W`` a 1 x 1 convolution's weights, ``G`` ``(N,
+  C)`` gates, ``R`` a residual (broadcast as ``Add``); and
+  ``PointwiseResidual(X, W, B, R)``: ``act(W X + B + R)``; the library's
+  ``fused_pointwise``.
 * ``PointwiseDepthwise(X, W1, B1, W2, B2)``, attributes ``kernel_shape``,
   ``strides``, ``pads``, ``dilations`` (the depthwise step's, 2-D),
   ``pointwise_activation`` and ``activation``: ``act(depthwise(pact(W1 X +
@@ -230,9 +232,14 @@ def _squeeze_gates(ctx: NodeContext) -> Lowering:
     return Call("squeeze_gates", (0, 1, 2, 3, 4), attrs)
 
 
-@private_rule("GatedPointwise", "Conv", attrs=("activation",))
-def _gated_pointwise(ctx: NodeContext) -> Lowering:
-    x, g, w, b = (ctx.spec(i) for i in range(4))
+def _fused_pointwise(ctx: NodeContext, gated: bool) -> Lowering:
+    """``GatedPointwise(X, G, W, B[, R])`` (``gated``) or
+    ``PointwiseResidual(X, W, B, R)``: the library's ``fused_pointwise``."""
+    positions = list(range(len(ctx.inputs)))
+    specs = [ctx.spec(i) for i in positions]
+    x, w, b = specs[0], specs[1 + gated], specs[2 + gated]
+    g = specs[1] if gated else None
+    r = specs[3 + gated] if len(specs) > 3 + gated else None
     rank = len(x.shape)
     ones = (1,) * (rank - 2)
     channels = x.shape[1] if rank >= 3 else None
@@ -240,21 +247,43 @@ def _gated_pointwise(ctx: NodeContext) -> Lowering:
     if (
         channels is None
         or outputs is None
-        or g.shape != tuple(x.shape[:2])
+        or (g is not None and g.shape != tuple(x.shape[:2]))
         or w.shape != (outputs, channels, *ones)
         or b.shape != (outputs,)
-        or len({s.dtype for s in (x, g, w, b)}) != 1
+        or len({s.dtype for s in specs}) != 1
     ):
-        reason = (
-            "cannot convolve {} gated by {} with 1 x 1 weights {} and bias {}".format(
-                *(list(s.shape) for s in (x, g, w, b))
-            )
+        reason = "cannot convolve {} by 1 x 1 weights {} and bias {}{}".format(
+            list(x.shape),
+            list(w.shape),
+            list(b.shape),
+            "" if g is None else f" gated by {list(g.shape)}",
         )
         raise ctx.unsupported(reason) from InferenceFailed(reason)
+    shape = (x.shape[0], outputs, *x.shape[2:])
+    if r is not None:
+        try:
+            shape = tuple(int(d) for d in np.broadcast_shapes(shape, r.shape))
+        except ValueError:
+            reason = f"cannot add {list(r.shape)} to a product of {list(shape)}"
+            raise ctx.unsupported(reason) from InferenceFailed(reason)
     ctx.refuse("activation", _CONV_ACTIVATIONS)
-    ctx.correct_outputs([TensorSpec((x.shape[0], outputs, *x.shape[2:]), x.dtype)])
-    attrs = {"activation": str(ctx.attr("activation", "none"))}
-    return Call("gated_pointwise", (0, 1, 2, 3), attrs)
+    ctx.correct_outputs([TensorSpec(shape, x.dtype)])
+    attrs = {
+        "gated": gated,
+        "residual": r is not None,
+        "activation": str(ctx.attr("activation", "none")),
+    }
+    return Call("fused_pointwise", tuple(positions), attrs)
+
+
+@private_rule("GatedPointwise", "Conv", attrs=("activation",))
+def _gated_pointwise(ctx: NodeContext) -> Lowering:
+    return _fused_pointwise(ctx, gated=True)
+
+
+@private_rule("PointwiseResidual", "Conv", attrs=("activation",))
+def _pointwise_residual(ctx: NodeContext) -> Lowering:
+    return _fused_pointwise(ctx, gated=False)
 
 
 _CONV_ACTIVATIONS = ("none", "relu", "hard_swish")

@@ -42,6 +42,7 @@ from ._panel_gemm import (
     HARD_SWISH_FLAG,
     MIN_PARALLEL_WORK,
     RELU_FLAG,
+    RESIDUAL_FLAG,
 )
 from ._vector_ir import compile_vectors
 
@@ -82,8 +83,8 @@ _NO_BIAS = np.zeros(1, _FLOAT32)
 #: blocks, runs of 32 positions; the row strides of x and out (floats);
 #: the step from one image's packed weights to the next (floats: 0 where
 #: every image takes the same); the scale of ``x``'s rows, its image step
-#: and its length.
-_SLOTS = 23
+#: and its length; the residual, its image and row steps and rows.
+_SLOTS = 27
 
 _SOURCE = (
     COMMON_SOURCE
@@ -96,24 +97,25 @@ SCALED = {scaled}  # each row d of x times scale[d] as it is loaded
 
 
 def _conv_intrinsic(emit, chunked=False):
-    # an intrinsic block_(w, x, out, bias, scale, kb, c0, flags) (chunked:
-    # chunk_(..., flags, d0, d1)) of five float32 C-contiguous arrays (3,
-    # 2, 2, 1 and 1 dimensions) and intp, whose code emit(context, builder,
-    # signature, args) writes
+    # an intrinsic block_(w, x, out, bias, scale, res, kb, c0, flags)
+    # (chunked: chunk_(..., flags, d0, d1)) of six float32 C-contiguous
+    # arrays (3, 2, 2, 1, 1 and 2 dimensions) and intp, whose code
+    # emit(context, builder, signature, args) writes
     def typed(arrays, ints):
-        if not all(_is_float_array(a, n) for a, n in zip(arrays, (3, 2, 2, 1, 1))):
+        dims = (3, 2, 2, 1, 1, 2)
+        if not all(_is_float_array(a, n) for a, n in zip(arrays, dims)):
             return None
         return types.void(*arrays, *[types.intp] * ints), emit
 
     if chunked:
 
-        def chunk_(typingctx, w, x, out, bias, scale, kb, c0, flags, d0, d1):
-            return typed((w, x, out, bias, scale), 5)
+        def chunk_(typingctx, w, x, out, bias, scale, res, kb, c0, flags, d0, d1):
+            return typed((w, x, out, bias, scale, res), 5)
 
         return intrinsic(chunk_)
 
-    def block_(typingctx, w, x, out, bias, scale, kb, c0, flags):
-        return typed((w, x, out, bias, scale), 3)
+    def block_(typingctx, w, x, out, bias, scale, res, kb, c0, flags):
+        return typed((w, x, out, bias, scale, res), 3)
 
     return intrinsic(block_)
 
@@ -152,11 +154,11 @@ def _scaled(b, e, value, scale_, d):
 def _emit_block(vectors, lanes, chunked, context, builder, signature, args):
     b = builder
     e = _Emit(context, builder, lanes)
-    w_, x_, out_, bias_, scale_ = e.arrays(signature, args, 5)
-    kb, c0, flags = args[5:8]
+    w_, x_, out_, bias_, scale_, res_ = e.arrays(signature, args, 6)
+    kb, c0, flags = args[6:9]
     # (the arrays' second axes are their row strides)
     depth, width = cgutils.unpack_tuple(b, x_.shape, 2)
-    d0, d1 = args[8:10] if chunked else (e.const(0), depth)
+    d0, d1 = args[9:11] if chunked else (e.const(0), depth)
     fma = _fma(b, e.vector)
     sums = [
         [cgutils.alloca_once_value(b, e.splat(0.0)) for _ in range(vectors)]
@@ -195,16 +197,18 @@ def _emit_block(vectors, lanes, chunked, context, builder, signature, args):
     rows = lambda r: [b.load(slot) for slot in sums[r]]  # noqa: E731
     if chunked:  # unfinished (no bias, no activation) before the last chunk
         flags = b.select(b.icmp_signed("==", d1, depth), flags, e.const(0))
-    _store_rows(b, e, (out_, bias_), (kb, c0, flags), rows)
+    _store_rows(b, e, (out_, bias_, res_), (kb, c0, flags), rows)
     return None
 
 
 def _store_rows(b, e, arrays, at, rows):
     # out[8 kb + r, c0 : ...] = rows(r) (vectors of e's lanes, one after
-    # another), finished (_finish), for the block's channels inside out
-    out_, bias_ = arrays
+    # another), finished (_finish: the residual's cells added where flags
+    # say), for the block's channels inside out
+    out_, bias_, res_ = arrays
     kb, c0, flags = at
     channels, out_width = cgutils.unpack_tuple(b, out_.shape, 2)
+    res_width = cgutils.unpack_tuple(b, res_.shape, 2)[1]
     lanes = e.vector.count
     k0 = b.mul(kb, e.const(ROWS))
     for r in range(ROWS):
@@ -214,9 +218,12 @@ def _store_rows(b, e, arrays, at, rows):
             shift_of = lambda c=channel: e.spread(  # noqa: E731
                 b.load(b.gep(bias_.data, [c]))
             )
+            res_start = b.add(b.mul(channel, res_width), c0)
             for v, value in enumerate(rows(r)):
-                value = _finish(b, e, value, shift_of, flags)
-                e.store(value, out_, b.add(start, e.const(v * lanes)))
+                cell = e.const(v * lanes)
+                residual_of = functools.partial(e.load, res_, b.add(res_start, cell))
+                value = _finish(b, e, value, shift_of, flags, residual_of)
+                e.store(value, out_, b.add(start, cell))
 
 
 def _emit_column(context, builder, signature, args, chunked=False):
@@ -230,10 +237,10 @@ def _emit_column(context, builder, signature, args, chunked=False):
     e = _Emit(context, builder, 1)
     across = _Emit(context, builder, ROWS)  # (vectors of a block's channels)
     vector = across.vector
-    w_, x_, out_, bias_, scale_ = e.arrays(signature, args, 5)
-    kb, c0, flags = args[5:8]
+    w_, x_, out_, bias_, scale_, res_ = e.arrays(signature, args, 6)
+    kb, c0, flags = args[6:9]
     depth, width = cgutils.unpack_tuple(b, x_.shape, 2)
-    d0, d1 = args[8:10] if chunked else (e.const(0), depth)
+    d0, d1 = args[9:11] if chunked else (e.const(0), depth)
     fma = _fma(b, vector)
     zero = ir.Constant(vector, [ir.Constant(ir.FloatType(), 0.0)] * ROWS)
     sums = [cgutils.alloca_once_value(b, zero) for _ in range(COLUMN_SUMS)]
@@ -280,7 +287,7 @@ def _emit_column(context, builder, signature, args, chunked=False):
 
     if chunked:  # unfinished (no bias, no activation) before the last chunk
         flags = b.select(b.icmp_signed("==", d1, depth), flags, e.const(0))
-    _store_rows(b, e, (out_, bias_), (kb, c0, flags), rows)
+    _store_rows(b, e, (out_, bias_, res_), (kb, c0, flags), rows)
     return None
 
 
@@ -296,34 +303,34 @@ chunk_1_ = _chunk(1, 0)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
-def conv_gemm(w, x, out, bias, scale, flags, kb_first, kb_last, first, last):
+def conv_gemm(w, x, out, bias, scale, res, flags, kb_first, kb_last, first, last):
     # out[8 kb_first : 8 kb_last, first:last] of W @ x, W packed into w,
     # finished as flags say: a block of weights stays in cache over the
     # positions; no cell outside first:last is written
     depth = x.shape[0]
     if depth > CHUNKED_DEPTH:
-        conv_chunks(w, x, out, bias, scale, flags, kb_first, kb_last, first, last)
+        conv_chunks(w, x, out, bias, scale, res, flags, kb_first, kb_last, first, last)
         return
     for kb in range(kb_first, kb_last):
         c = first
         while c + 32 <= last:
-            block_wide_(w, x, out, bias, scale, kb, c, flags)
+            block_wide_(w, x, out, bias, scale, res, kb, c, flags)
             c += 32
         if c + 16 <= last:
-            block_16_(w, x, out, bias, scale, kb, c, flags)
+            block_16_(w, x, out, bias, scale, res, kb, c, flags)
             c += 16
         if c + 8 <= last:
-            block_8_(w, x, out, bias, scale, kb, c, flags)
+            block_8_(w, x, out, bias, scale, res, kb, c, flags)
             c += 8
         if c < last and last - first >= 8:
-            block_8_(w, x, out, bias, scale, kb, last - 8, flags)
+            block_8_(w, x, out, bias, scale, res, kb, last - 8, flags)
         elif c < last:
             for p in range(c, last):
-                block_1_(w, x, out, bias, scale, kb, p, flags)
+                block_1_(w, x, out, bias, scale, res, kb, p, flags)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
-def conv_chunks(w, x, out, bias, scale, flags, kb_first, kb_last, first, last):
+def conv_chunks(w, x, out, bias, scale, res, flags, kb_first, kb_last, first, last):
     # conv_gemm by chunks of DEPTH_CHUNK rows of x: a chunk of x stays in
     # cache over every block of weights, each block's chunk over the
     # positions, and each weight is read from memory once
@@ -333,18 +340,18 @@ def conv_chunks(w, x, out, bias, scale, flags, kb_first, kb_last, first, last):
         for kb in range(kb_first, kb_last):
             c = first
             while c + 32 <= last:
-                chunk_wide_(w, x, out, bias, scale, kb, c, flags, d0, d1)
+                chunk_wide_(w, x, out, bias, scale, res, kb, c, flags, d0, d1)
                 c += 32
             if c + 16 <= last:
-                chunk_16_(w, x, out, bias, scale, kb, c, flags, d0, d1)
+                chunk_16_(w, x, out, bias, scale, res, kb, c, flags, d0, d1)
                 c += 16
             if c + 8 <= last:
-                chunk_8_(w, x, out, bias, scale, kb, c, flags, d0, d1)
+                chunk_8_(w, x, out, bias, scale, res, kb, c, flags, d0, d1)
                 c += 8
             # (a block ending at the run's end would add this chunk twice
             # to the cells it shares with the one before)
             for p in range(c, last):
-                chunk_1_(w, x, out, bias, scale, kb, p, flags, d0, d1)
+                chunk_1_(w, x, out, bias, scale, res, kb, p, flags, d0, d1)
 
 
 @team_kernel
@@ -377,7 +384,9 @@ def conv_claimed(data):
             last = width
         kb_first, kb_last = blocks * bp // block_parts, blocks * (bp + 1) // block_parts
         scale = numba.carray(floats_(d[20] + 4 * image * d[21]), d[22])
-        conv_gemm(w, x, out, bias, scale, flags, kb_first, kb_last, first, last)
+        # (a residual's rows of its stride d[25]; without one, a cell)
+        res = numba.carray(floats_(d[23] + 4 * image * d[24]), (d[26], d[25]))
+        conv_gemm(w, x, out, bias, scale, res, flags, kb_first, kb_last, first, last)
 """
 )
 
@@ -457,6 +466,7 @@ def bind(
     relu: bool = False,
     hard_swish: bool = False,
     scale: Array | None = None,
+    residual: Array | None = None,
 ) -> Callable[[], None]:
     """``out[n] = w @ x[n]`` (a stack of weights: ``w[n] @ x[n]``) for
     every image ``n`` (:func:`takes` holds; ``w``'s values fixed for the
@@ -468,6 +478,9 @@ def bind(
     :param scale: ``(N, D)`` float32, C-contiguous, read each call: ``x[n]``'s
         row ``d`` times ``scale[n, d]`` (rounded) before the product (a
         squeeze-excitation's gates).
+    :param residual: shaped as ``out`` (:func:`takes`' row layout), read
+        each call: added after the bias, before the activation (a residual
+        block's ``Add``, in its order: the same bits).
     """
     kind = "panel_conv_stack" if w.ndim == 3 else "panel_conv"
     packed = _packed.shared(kind, w, pack)
@@ -480,6 +493,7 @@ def bind(
         relu=relu,
         hard_swish=hard_swish,
         scale=scale,
+        residual=residual,
     )
 
 
@@ -493,12 +507,19 @@ def bind_packed(
     relu: bool = False,
     hard_swish: bool = False,
     scale: Array | None = None,
+    residual: Array | None = None,
 ) -> Callable[[], None]:
     """:func:`bind` of weights :func:`pack` made: ``packed`` (a stack's
     with one matrix an image) of ``channels`` output channels; :func:`takes`
     holds for the weights it was made of."""
     if scale is not None and scale.shape != x.shape[:2]:
         raise ValueError(f"a scale of {scale.shape} for x of {x.shape}")
+    if residual is not None and not (
+        residual.shape == out.shape
+        and residual.dtype == _FLOAT32
+        and _rows_contiguous(residual)
+    ):
+        raise ValueError(f"a residual of {residual.shape} for out of {out.shape}")
     run = _native_team.launcher(_kernel_address(scale is not None))
     _native_team.use()
     stacked = packed.ndim == 4
@@ -507,6 +528,7 @@ def bind_packed(
     shift = _NO_BIAS if bias is None else bias
     flags = (0 if bias is None else BIAS_FLAG) | (RELU_FLAG if relu else 0)
     flags |= HARD_SWISH_FLAG if hard_swish else 0
+    flags |= 0 if residual is None else RESIDUAL_FLAG
     x_steps, out_steps = (s // 4 for s in x.strides), (s // 4 for s in out.strides)
     x_image, x_row, _ = x_steps
     out_image, out_row, _ = out_steps
@@ -517,9 +539,16 @@ def bind_packed(
     slots.append(packed[0].size if stacked else 0)
     factors = _NO_BIAS if scale is None else scale
     slots += [factors.ctypes.data, 0 if scale is None else depth, factors.shape[-1]]
+    if residual is None:
+        slots += [_NO_BIAS.ctypes.data, 0, 1, 1]  # (never read)
+    else:
+        res_image, res_row, _ = (step // 4 for step in residual.strides)
+        slots += [residual.ctypes.data, res_image]
+        slots += [res_row if channels > 1 else width, channels]
     data = np.array(slots, np.int64)
     address = data.ctypes.data
-    held = (packed, x, out, shift, factors)  # (the addresses in data stay valid)
+    # (the addresses in data stay valid)
+    held = (packed, x, out, shift, factors, residual)
     work = images * channels * depth * width
     large = work >= MIN_PARALLEL_WORK
     strips = max(1, width // _WIDE)

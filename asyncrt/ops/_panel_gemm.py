@@ -78,6 +78,9 @@ _FLOAT32 = np.dtype(np.float32)
 #: operations of :func:`asyncrt.ops._jitmath`'s ``hswish_``, in its order:
 #: the bits of the pass after the product).
 BIAS_FLAG, RELU_FLAG, HARD_SWISH_FLAG = 1, 2, 4
+#: The convolution's epilogue also adds a residual (after the bias, before
+#: the activation: ``Conv -> Add [-> Relu]``'s order, so its bits).
+RESIDUAL_FLAG = 8
 #: The int64 slots of ``gemm_claimed``'s data: the next part, parts, m,
 #: depth, width, panels, flags, the addresses of a, panels, out and bias,
 #: the bias's length.
@@ -94,6 +97,7 @@ import functools
 {claims}
 
 BIAS, RELU, HARD_SWISH = {bias}, {relu}, {hard_swish}  # the epilogue's flags
+RESIDUAL = {residual}
 
 
 def _splat_like(v, value):
@@ -104,8 +108,9 @@ def _splat_like(v, value):
     return scalar
 
 
-def _finish(b, e, value, shift_of, flags):
+def _finish(b, e, value, shift_of, flags, residual_of=None):
     # value + shift_of() where flags has BIAS (the bias loaded there only),
+    # + residual_of() where it has RESIDUAL (and residual_of is given),
     # then max(value, 0) where it has RELU (NaN kept, as np.maximum), or
     # hard-swish where it has HARD_SWISH: x * clip(x * SIXTH + 0.5, 0, 1),
     # a product then a sum (no fused multiply-add), NaN kept, as hswish_
@@ -115,6 +120,10 @@ def _finish(b, e, value, shift_of, flags):
     slot = cgutils.alloca_once_value(b, value)
     with b.if_then(biased):
         b.store(b.fadd(b.load(slot), shift_of()), slot)
+    if residual_of is not None:
+        summed = b.icmp_signed("!=", b.and_(flags, e.const(RESIDUAL)), e.const(0))
+        with b.if_then(summed):
+            b.store(b.fadd(b.load(slot), residual_of()), slot)
     with b.if_then(rectified):
         v = b.load(slot)
         zero = ir.Constant(v.type, None)
@@ -267,6 +276,7 @@ COMMON_VALUES: dict[str, Any] = {
     "bias": BIAS_FLAG,
     "relu": RELU_FLAG,
     "hard_swish": HARD_SWISH_FLAG,
+    "residual": RESIDUAL_FLAG,
 }
 
 

@@ -86,6 +86,7 @@ from . import (
 from ._builtin import SOFTMAX_SPLIT_ELEMENTS, bind_matmul
 from ._common import BOUND_SCRATCH_BYTES, Array, choice, flag, integer, ints, number
 from ._conv_epilogue import ACTIVATIONS as CONV_ACTIVATIONS
+from ._conv_epilogue import activate_in_place
 from ._kernels import Bindable
 from ._library import Attrs, define, lookup
 
@@ -634,7 +635,7 @@ def _squeeze_excite(xp: ModuleType, attrs: Attrs) -> Kernel:
 def _squeeze_gates(xp: ModuleType, attrs: Attrs) -> Kernel:
     """A squeeze-excitation's gates ``(N, C)`` alone (attributes as
     ``squeeze_excite``'s): the convolution after it scales its input's
-    rows by them (``gated_pointwise``)."""
+    rows by them (``fused_pointwise``)."""
     excitation = _Excitation(xp, attrs)
 
     def passes(
@@ -657,24 +658,31 @@ def _squeeze_gates(xp: ModuleType, attrs: Attrs) -> Kernel:
     return Bindable(squeeze_gates, bind)
 
 
-def _gated_pointwise_flops(
+def _fused_pointwise_flops(
     ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]
 ) -> float:
-    """The scaling (a flop an input element) and the product."""
-    x, w = ins[0], ins[2]
-    return 1.0 * x.size + 2.0 * outs[0].size * (w.shape[1] if len(w.shape) > 1 else 1)
+    """The product, and a flop an input element for the gates and an
+    output element for the residual (where they are inputs)."""
+    x = ins[0]
+    w = ins[2] if len(ins[1].shape) == 2 else ins[1]  # (after the gates, 2-D)
+    depth = w.shape[1] if len(w.shape) > 1 else 1
+    return 2.0 * outs[0].size * depth + 1.0 * x.size + 1.0 * outs[0].size
 
 
-@define("gated_pointwise", flops=_gated_pointwise_flops, blas=True)
-def _gated_pointwise(xp: ModuleType, attrs: Attrs) -> Kernel:
-    """``act(w @ (x * gates) + b)``: a 1 x 1 convolution (``w`` ``(K, C, 1,
-    1)``, one group, no pads or strides) of ``x`` ``(N, C, ...)`` scaled
-    per image and channel by ``gates`` ``(N, C)`` (a squeeze-excitation's:
-    ``squeeze_gates``); attribute ``activation`` (``"none"``, ``"relu"``
-    or ``"hard_swish"``). Bound with float32 parameters for weights and
-    bias, the panel GEMM scales each row as it loads it
-    (:mod:`asyncrt.ops._panel_conv`): the scaled input is never written;
-    else the scaling, then the convolution."""
+@define("fused_pointwise", flops=_fused_pointwise_flops, blas=True)
+def _fused_pointwise(xp: ModuleType, attrs: Attrs) -> Kernel:
+    """``act(w @ (x * gates) + b + residual)``: a 1 x 1 convolution (``w``
+    ``(K, C, 1, 1)``, one group, no pads or strides) of ``x`` ``(N, C,
+    ...)``; attributes ``gated`` (an input ``gates`` ``(N, C)`` after
+    ``x``, a squeeze-excitation's: ``squeeze_gates``, scales each image's
+    channels), ``residual`` (an input after ``b``, added to the biased
+    product: a residual block's ``Add``, broadcast as numpy's) and
+    ``activation`` (``"none"``, ``"relu"`` or ``"hard_swish"``, applied
+    last). Bound with float32 parameters for weights and bias, the panel
+    GEMM scales each row as it loads it and adds the residual as it stores
+    (:mod:`asyncrt.ops._panel_conv`): neither the scaled input nor the
+    product is written apart; else the steps one after another."""
+    gated, residual = flag(attrs, "gated"), flag(attrs, "residual")
     activation = choice(attrs, "activation", CONV_ACTIVATIONS)
     conv = lookup("conv")
     assert conv is not None
@@ -686,40 +694,71 @@ def _gated_pointwise(xp: ModuleType, attrs: Attrs) -> Kernel:
         "auto_pad": "NOTSET",
         "group": 1,
         "bias": True,
-        "activation": activation,
+        "activation": "none" if residual else activation,
     }
-    product = conv.make(xp, pointwise)
+    product = typing.cast(Bindable, conv.make(xp, pointwise))
 
-    def scaled(x: Array, gates: Array) -> Array:
+    def parts(
+        arrays: tuple[Array, ...],
+    ) -> tuple[Array, Array | None, Array, Array, Array | None, Array]:
+        """x, gates, w, b, residual, out."""
+        rest = list(arrays)
+        x = rest.pop(0)
+        gates = rest.pop(0) if gated else None
+        w, b = rest.pop(0), rest.pop(0)
+        added = rest.pop(0) if residual else None
+        return x, gates, w, b, added, rest[0]
+
+    def steps(
+        arrays: tuple[Array, ...], constant: frozenset[int]
+    ) -> Callable[[], None]:
+        """The scaling, the product and the residual's add, one after
+        another, the product bound as the unfused graph's convolution."""
+        x, gates, w, b, added, out = parts(arrays)
         images, channels = x.shape[:2]
-        factors = gates.reshape(images, channels, *(1,) * (x.ndim - 2))
-        return xp.multiply(x, factors)
+        source = x if gates is None else xp.empty_like(x)
+        sums = out
+        if added is not None:
+            sums = xp.empty((images, w.shape[0], *x.shape[2:]), dtype=out.dtype)
+        first = 2 if gated else 1
+        parameters = frozenset(
+            p - first + 1 for p in (first, first + 1) if p in constant
+        )
+        convolve = product.bind(source, w, b, sums, constant=parameters)
 
-    def gated_pointwise(x: Array, gates: Array, w: Array, b: Array, out: Array) -> None:
-        product(scaled(x, gates), w, b, out)
+        def run() -> None:
+            if gates is not None:
+                factors = gates.reshape(images, channels, *(1,) * (x.ndim - 2))
+                xp.multiply(x, factors, out=source)
+            convolve()
+            if added is not None:
+                xp.add(sums, added, out=out)
+                activate_in_place(xp, out, activation)
+
+        return run
+
+    def fused_pointwise(*arrays: Array) -> None:
+        steps(arrays, frozenset())()
 
     def bind(
-        x: Array,
-        gates: Array,
-        w: Array,
-        b: Array,
-        out: Array,
-        constant: frozenset[int] = frozenset(),
+        *arrays: Array, constant: frozenset[int] = frozenset()
     ) -> Callable[[], None]:
+        x, gates, w, b, added, out = parts(arrays)
+        first = 2 if gated else 1
         images, channels = x.shape[:2]
-        planes = (images, channels, -1)
         if (
             out.size
-            and {2, 3} <= constant
-            and x.ndim == 4
-            and _compiles(x, gates, w, b)
+            and {first, first + 1} <= constant
+            and x.ndim >= 3
+            and _compiles(x, w, b, *(a for a in (gates, added) if a is not None))
             and isinstance(out, np.ndarray)
             and out.flags.c_contiguous
+            and (added is None or added.shape == out.shape)
         ):
             weights = w.reshape(w.shape[0], channels)
             matrix, result = (
-                x.reshape(planes),
-                out.reshape(out.shape[0], w.shape[0], -1),
+                x.reshape(images, channels, -1),
+                out.reshape(images, w.shape[0], -1),
             )
             if _panel_conv.takes(weights, matrix, result, b):
                 return _panel_conv.bind(
@@ -729,24 +768,12 @@ def _gated_pointwise(xp: ModuleType, attrs: Attrs) -> Kernel:
                     bias=b,
                     relu=activation == "relu",
                     hard_swish=activation == "hard_swish",
-                    scale=gates.reshape(images, channels),
+                    scale=None if gates is None else gates.reshape(images, channels),
+                    residual=None if added is None else added.reshape(result.shape),
                 )
-        # the scaled input made in a buffer of the binding's, then the
-        # convolution bound as the unfused graph's would be
-        excited = xp.empty_like(x)
-        factors = gates.reshape(images, channels, *(1,) * (x.ndim - 2))
-        parameters = frozenset(p - 1 for p in (2, 3) if p in constant)
-        convolve = typing.cast(Bindable, product).bind(
-            excited, w, b, out, constant=parameters
-        )
+        return steps(arrays, constant)
 
-        def gated() -> None:
-            xp.multiply(x, factors, out=excited)
-            convolve()
-
-        return gated
-
-    return Bindable(gated_pointwise, bind, takes_constant=True)
+    return Bindable(fused_pointwise, bind, takes_constant=True)
 
 
 @define("matmul_views", flops=_matmul_views_flops, blas=True)

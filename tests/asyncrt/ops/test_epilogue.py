@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from asyncrt.ops import _jit, _team_parts, epilogue, lookup
+from asyncrt.ops._conv_epilogue import activate_in_place
 from asyncrt.ops._kernels import global_namespace_func
 from asyncrt.runtime import _threads
 from scheduler.dispatch import Bindable
@@ -408,7 +409,7 @@ def test_the_gates_then_the_gated_convolution_equal_the_excitation_then_the_conv
     monkeypatch: Any,
 ) -> None:
     """``squeeze_gates`` gives the gates ``squeeze_excite`` scales by, and
-    ``gated_pointwise`` of them the 1 x 1 convolution of the excited
+    ``fused_pointwise`` of them the 1 x 1 convolution of the excited
     tensor: bit for bit (the panel GEMM rounds each scaled row as the
     excitation stores it), the gates read anew on every call."""
     monkeypatch.setattr(_jit, "enabled", compiled)
@@ -426,7 +427,7 @@ def test_the_gates_then_the_gated_convolution_equal_the_excitation_then_the_conv
     conv = {"kernel_shape": [1, 1], "strides": [1, 1], "dilations": [1, 1]}
     conv |= {"pads": [0] * 4, "auto_pad": "NOTSET", "group": 1, "bias": True}
     plain = _op("conv", **conv, activation=activation)
-    gated = _op("gated_pointwise", activation=activation)
+    gated = _op("fused_pointwise", gated=True, residual=False, activation=activation)
     out = np.full((shape[0], outputs, *shape[2:]), np.nan, np.float32)
     call = gated.bind(x, gates, w, b, out, constant=constant)
     for _ in range(2):
@@ -440,6 +441,47 @@ def test_the_gates_then_the_gated_convolution_equal_the_excitation_then_the_conv
     gated(x, gates, w, b, unbound)
     want = np.empty_like(out)
     plain(x * gates[:, :, None, None], w, b, want)
+    np.testing.assert_array_equal(unbound, want)
+
+
+@pytest.mark.parametrize("compiled", ENGINES)
+@pytest.mark.parametrize("constant", [frozenset({1, 2}), frozenset()])
+@pytest.mark.parametrize("activation", ["none", "relu", "hard_swish"])
+@pytest.mark.parametrize("residual_shape", [(2, 20, 7, 9), (1, 20, 1, 9)])
+def test_a_residual_is_the_convolution_then_the_add_then_the_activation(
+    compiled: bool,
+    constant: frozenset[int],
+    activation: str,
+    residual_shape: tuple[int, ...],
+    monkeypatch: Any,
+) -> None:
+    """``fused_pointwise`` with a residual: the bits of the biased 1 x 1
+    convolution, numpy's add (broadcast where the residual is smaller)
+    and the activation's pass; the residual read anew on every call."""
+    monkeypatch.setattr(_jit, "enabled", compiled)
+    x = _float(2, 12, 7, 9) * 2
+    w, b = _float(20, 12, 1, 1) * 0.3, _float(20)
+    residual = _float(*residual_shape)
+    conv = {"kernel_shape": [1, 1], "strides": [1, 1], "dilations": [1, 1]}
+    conv |= {"pads": [0] * 4, "auto_pad": "NOTSET", "group": 1, "bias": True}
+    plain = _op("conv", **conv, activation="none")
+    kernel = _op("fused_pointwise", gated=False, residual=True, activation=activation)
+    out = np.full((2, 20, 7, 9), np.nan, np.float32)
+    call = kernel.bind(x, w, b, residual, out, constant=constant)
+    for _ in range(2):
+        want = np.empty_like(out)
+        plain.bind(x, w, b, want, constant=constant)()
+        want += residual
+        activate_in_place(np, want, activation)
+        call()
+        np.testing.assert_array_equal(out, want)
+        residual[...] = _float(*residual_shape)
+    unbound = np.empty_like(out)
+    kernel(x, w, b, residual, unbound)
+    want = np.empty_like(out)
+    plain(x, w, b, want)
+    want += residual
+    activate_in_place(np, want, activation)
     np.testing.assert_array_equal(unbound, want)
 
 

@@ -77,6 +77,49 @@ def test_scaled_rows_give_the_bits_of_the_scaled_input(
 
 
 @pytest.mark.parametrize("mode", ["one thread", "two threads", "crowded"])
+@pytest.mark.parametrize("activation", ["none", "relu", "hard_swish"])
+@pytest.mark.parametrize(
+    ("depth", "positions"),
+    [(37, 70), (37, 5), (1100, 33)],  # (the last chunked)
+)
+def test_a_residual_is_added_before_the_activation_as_the_add_would(
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    activation: str,
+    depth: int,
+    positions: int,
+) -> None:
+    """``act(w @ x + bias + residual)``: the bits of the product with its
+    bias, then numpy's add, then the library's activation pass; the
+    residual's planes spaced apart (a view), read anew on every call."""
+    _threads_as(monkeypatch, mode)
+    w, x, bias = _f(20, depth), _f(2, depth, positions), _f(20)
+    storage = _f(2, 20, positions + 3)
+    residual = storage[:, :, :positions]
+    out = np.full((2, 20, positions), np.nan, np.float32)
+    call = _panel_conv.bind(
+        w,
+        x,
+        out,
+        bias=bias,
+        relu=activation == "relu",
+        hard_swish=activation == "hard_swish",
+        residual=residual,
+    )
+    for _ in range(2):
+        want = np.empty_like(out)
+        _panel_conv.bind(w, x, want, bias=bias)()
+        want += residual
+        if activation != "none":
+            add_bias_activation(np, want[..., None], None, want[..., None], activation)
+        call()
+        np.testing.assert_array_equal(out, want)
+        storage[...] = _f(*storage.shape)
+    with pytest.raises(ValueError, match="residual"):
+        _panel_conv.bind(w, x, out, residual=residual[:, :-1])
+
+
+@pytest.mark.parametrize("mode", ["one thread", "two threads", "crowded"])
 @pytest.mark.parametrize(
     ("images", "channels", "depth", "positions"),
     [
