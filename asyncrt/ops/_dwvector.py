@@ -71,7 +71,8 @@ MIN_WORK_PER_THREAD = 2_000_000
 _FLOAT32 = np.dtype(np.float32)
 
 
-#: The depthwise sums from a block's plane (``block_sums``, ``zero_pads``):
+#: The depthwise sums from a block's plane (``block_sums``, ``band_sums``,
+#: ``zero_pads``):
 #: what :mod:`asyncrt.ops._pointwise_depthwise` shares.
 SUMS_SOURCE = (
     "\n".join(_jitmath.head()[1:])
@@ -203,16 +204,22 @@ def zero_pads(xp, top, left, height, width):
 
 
 @_JIT
-def block_sums(xp, w, bias, out, n, c0):
-    # out[n, c0:c0 + LANES] (the channels it has) from the block's plane
-    out_cells = out.shape[2] * out.shape[3]
-    q = 0
-    while q + LANES <= out_cells:
+def band_sums(xp, w, bias, out, n, c0, q0, q1):
+    # out[n, c0:c0 + LANES] (the channels it has) at cells q0:q1 (row-major
+    # over the output plane) from the block's plane
+    q = q0
+    while q + LANES <= q1:
         block_run_(xp, w, bias, out, n, c0, q)
         q += LANES
-    while q < out_cells:
+    while q < q1:
         block_cell_(xp, w, bias, out, n, c0, q)
         q += 1
+
+
+@_JIT
+def block_sums(xp, w, bias, out, n, c0):
+    # every cell of out[n, c0:c0 + LANES]
+    band_sums(xp, w, bias, out, n, c0, 0, out.shape[2] * out.shape[3])
 
 
 """

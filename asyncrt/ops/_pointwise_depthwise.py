@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime import _threads
 from . import _dwvector, _jit, _scratch, _team_parts
 from ._common import Array
 from ._conv_epilogue import ACTIVATIONS
@@ -105,24 +106,35 @@ expand_cell_ = _expansion(1)
 
 
 @_JIT
-def kernel(x, wt, b1, xp, w, bias, out, first, last, top, left):
-    # channel blocks first:last (of LANES channels) of out (N, C, OH, OW):
-    # each block's plane of the expansion of x (N, Cin, H, W) by wt (Cin,
-    # Cb) and b1 (Cb,) computed into xp (this share's (Hp, Wp, LANES)
-    # plane, the interior at top, left), then its depthwise sums by w (KH *
-    # KW, Cb) and bias (Cb,)
+def kernel(x, wt, b1, xp, w, bias, out, first, last, top, left, bands):
+    # parts first:last of out (N, C, OH, OW), a part a band of output rows
+    # (bands a block) of a block of LANES channels: its rows' plane of the
+    # expansion of x (N, Cin, H, W) by wt (Cin, Cb) and b1 (Cb,) computed
+    # into xp (this share's (Hp, Wp, LANES) plane, the interior at top,
+    # left), then the band's depthwise sums by w (KH * KW, Cb) and bias
+    # (Cb,)
     batch, _, height, width = x.shape
-    cells = height * width
-    whole = cells - cells % CELLS
+    out_h, out_w = out.shape[2], out.shape[3]
     zero_pads(xp, top, left, height, width)
     for n in range(batch):
-        for block in range(first, last):
+        for part in range(first, last):
+            block = part // bands
+            band = part - block * bands
             c0 = block * LANES
-            for p0 in range(0, whole, CELLS):
-                expand_cells_(x, wt, b1, xp, n, c0, p0, top, left)
-            for p in range(whole, cells):
+            i0 = band * out_h // bands
+            i1 = (band + 1) * out_h // bands
+            # the input rows the band's windows reach (the others are pads)
+            h0 = max(0, i0 * SH - top)
+            h1 = min(height, (i1 - 1) * SH + (KH - 1) * DH + 1 - top)
+            p = h0 * width
+            end = max(p, h1 * width)
+            while p + CELLS <= end:
+                expand_cells_(x, wt, b1, xp, n, c0, p, top, left)
+                p += CELLS
+            while p < end:
                 expand_cell_(x, wt, b1, xp, n, c0, p, top, left)
-            block_sums(xp, w, bias, out, n, c0)
+                p += 1
+            band_sums(xp, w, bias, out, n, c0, i0 * out_w, i1 * out_w)
 """
 
 
@@ -142,6 +154,39 @@ def _kernel(
         interleave=_dwvector.INTERLEAVE,
         cells=CELLS,
     )
+
+
+def _bands(
+    blocks: int,
+    inputs: int,
+    plane: tuple[int, int],
+    out_plane: tuple[int, int],
+    kernel: tuple[int, int],
+    stride: int,
+    dilation: int,
+    top: int,
+) -> int:
+    """Bands of output rows each block of channels is cut into: where the
+    blocks are too few to share out evenly over the cores (MobileNetV3's
+    72 channels are 5 blocks: 3 and 2 on two cores), bands even the shares
+    out, at the cost of the input rows two bands' windows both reach (their
+    expansion computed twice). The count whose busiest core has the least
+    work: its parts times a part's expansion (input rows) and sums (output
+    rows), counted in multiply-adds of a block."""
+    cores = _threads.available_cores()
+    if cores < 2:
+        return 1
+    height, width = plane
+    out_h, out_w = out_plane
+    k_h, k_w = kernel
+
+    def busiest(bands: int) -> float:
+        parts = -(-blocks * bands // cores)
+        rows_out = out_h / bands
+        rows_in = min(height, (rows_out - 1) * stride + (k_h - 1) * dilation + 1)
+        return parts * (rows_in * width * inputs + rows_out * out_w * k_h * k_w * 2)
+
+    return min(range(1, min(4, out_h) + 1), key=busiest)
 
 
 def takes(x: Array, w1: Array, w2: Array) -> bool:
@@ -207,12 +252,23 @@ def bind(
         (k_h, k_w, *strides, *dilations, vector), expand_activation, activation
     )
     work = out.size * k_h * k_w + channels * inputs * height * width * x.shape[0]
-    shares = _team_parts.shares(block_count, work, _dwvector.MIN_WORK_PER_THREAD)
+    bands = _bands(
+        block_count,
+        inputs,
+        (height, width),
+        (out_h, out_w),
+        (k_h, k_w),
+        strides[0],
+        dilations[0],
+        begin[0],
+    )
+    shares = _team_parts.shares(
+        block_count * bands, work, _dwvector.MIN_WORK_PER_THREAD
+    )
     shapes = ((len(shares), rows, columns, vector),)
     grid = np.empty((1, 1, 1), np.float32)
-    _jit.specialise(
-        kernel, (x, expand, expand_bias, grid, taps, shift, out, 0, 1, *begin)
-    )
+    call = (x, expand, expand_bias, grid, taps, shift, out, 0, 1, *begin, bands)
+    _jit.specialise(kernel, call)
     borrowed = _scratch.Borrowed(shapes, _FLOAT32)
     views: list[Any] = [None, None]  # the scratch array, the loop bound to it
 
@@ -226,7 +282,7 @@ def bind(
                     (x, expand, expand_bias, pixels, taps, shift, out),
                     shares,
                     per_part=frozenset({3}),
-                    trailing=begin,
+                    trailing=(*begin, bands),
                     work=work,
                 ),
             ]

@@ -109,18 +109,42 @@ def test_each_activation_applies_to_its_own_step() -> None:
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-5)
 
 
-def test_shares_over_threads_match_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("bands", [1, 3])
+@pytest.mark.parametrize("geometry", [((2, 2), (2, 2)), ((1, 1), (2, 2))])
+def test_shares_and_bands_match_one_thread(
+    monkeypatch: pytest.MonkeyPatch,
+    bands: int,
+    geometry: tuple[tuple[int, int], tuple[int, int]],
+) -> None:
+    """Blocks shared out over threads, each cut into bands of output rows
+    (each band's input rows expanded again): the one thread's bits."""
     arrays = _arrays((2, 12, 9, 9), 72, (5, 5), seed=1)
-    alone = np.empty((2, 72, 5, 5), np.float32)
-    geometry = ((2, 2), (2, 2), (1, 1))
-    _pointwise_depthwise.bind(*arrays, alone, *geometry, activation="hard_swish")()
+    strides, begin = geometry
+    out_hw = (9 + 4 - 5) // strides[0] + 1
+    alone = np.empty((2, 72, out_hw, out_hw), np.float32)
+    call_args = (strides, begin, (1, 1))
+    _pointwise_depthwise.bind(*arrays, alone, *call_args, activation="hard_swish")()
     split_everywhere(monkeypatch, _dwvector)
+    monkeypatch.setattr(_pointwise_depthwise, "_bands", lambda *_: bands)
     shared = np.full(alone.shape, np.nan, np.float32)
     call = _pointwise_depthwise.bind(
-        *arrays, shared, *geometry, activation="hard_swish"
+        *arrays, shared, *call_args, activation="hard_swish"
     )
     call()
     np.testing.assert_array_equal(shared, alone)
+
+
+def test_bands_where_the_blocks_are_too_few_for_the_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_pointwise_depthwise._threads, "available_cores", lambda: 2)
+    bands = _pointwise_depthwise._bands
+    # MobileNetV3's 72 channels (5 blocks) at 56 x 56, stride 2: two bands
+    assert bands(5, 16, (56, 56), (28, 28), (3, 3), 2, 1, 1) == 2
+    # 240 channels of 14 x 14, 5 x 5: bands would expand most rows twice
+    assert bands(15, 40, (14, 14), (14, 14), (5, 5), 1, 1, 2) == 1
+    monkeypatch.setattr(_pointwise_depthwise._threads, "available_cores", lambda: 1)
+    assert bands(5, 16, (56, 56), (28, 28), (3, 3), 2, 1, 1) == 1
 
 
 def test_the_depthwise_step_is_the_depthwise_loop_bit_for_bit() -> None:
