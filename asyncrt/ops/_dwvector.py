@@ -283,15 +283,9 @@ def tile_in_(typingctx, x, pixels, n, c0, lane0, p0, top, left):
             c = builder.select(builder.icmp_signed("<", c, channels), c, last)
             plane_start = e.index((e.index((n, channels), c), plane), p0)
             loaded.append(e.load(source, plane_start))
-        h = builder.sdiv(p0, width)
-        w = builder.sub(p0, builder.mul(h, width))
-        for pixel in e.transpose(loaded):
-            cell = e.index((e.index(top, h), columns), left, w)
-            e.store(pixel, target, e.index((cell, stride), lane0))
-            w = builder.add(w, e.const(1))
-            wrap = builder.icmp_signed("==", w, width)
-            w = builder.select(wrap, e.const(0), w)
-            h = builder.select(wrap, builder.add(h, e.const(1)), h)
+        cells = e.plane_cells(p0, width, top, left, columns, stride, TILE)
+        for pixel, cell in zip(e.transpose(loaded), cells):
+            e.store(pixel, target, builder.add(cell, lane0))
         return context.get_dummy_value()
 
     intp = types.intp

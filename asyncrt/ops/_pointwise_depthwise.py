@@ -82,16 +82,9 @@ def _expansion(count):
                     pixel = b.load(b.gep(source.data, [b.add(row, e.const(j))]))
                     product = [weight, e.spread(pixel), b.load(total)]
                     b.store(b.call(fma, product), total)
-            h = b.sdiv(p0, width)
-            q = b.sub(p0, b.mul(h, width))
-            for total in sums:
-                value = e.activate(b.load(total), EXPAND_ACTIVATION)
-                cell = e.index((e.index(top, h), columns), left, q)
-                e.store(value, plane, e.index((cell, stride)))
-                q = b.add(q, e.const(1))
-                wrap = b.icmp_signed("==", q, width)
-                q = b.select(wrap, e.const(0), q)
-                h = b.select(wrap, b.add(h, e.const(1)), h)
+            cells = e.plane_cells(p0, width, top, left, columns, stride, count)
+            for total, cell in zip(sums, cells):
+                e.store(e.activate(b.load(total), EXPAND_ACTIVATION), plane, cell)
             return context.get_dummy_value()
 
         intp = types.intp
@@ -262,8 +255,11 @@ def bind(
         dilations[0],
         begin[0],
     )
+    # One share a core: a share's plane is reused by each of its blocks in
+    # its core's cache (with four a core, MobileNetV3 took 1.09-1.10 ms a
+    # run against 1.04-1.07 in alternating runs, two threads)
     shares = _team_parts.shares(
-        block_count * bands, work, _dwvector.MIN_WORK_PER_THREAD
+        block_count * bands, work, _dwvector.MIN_WORK_PER_THREAD, per_thread=1
     )
     shapes = ((len(shares), rows, columns, vector),)
     grid = np.empty((1, 1, 1), np.float32)

@@ -158,6 +158,23 @@ class _Emit:
         four = ir.Constant(ir.IntType(32), 4)
         self.b.call(function, [value, self.address(array, index), four, mask])
 
+    def plane_cells(self, p0, width, top, left, columns, stride, count):
+        # the flat indices, in a channels-last plane (rows x columns x
+        # stride, its interior at top, left), of count consecutive pixels
+        # from p0, row-major over an interior width wide
+        b = self.b
+        h = b.sdiv(p0, width)
+        w = b.sub(p0, b.mul(h, width))
+        cells = []
+        for _ in range(count):
+            cell = self.index((self.index(top, h), columns), left, w)
+            cells.append(self.index((cell, stride)))
+            w = b.add(w, self.const(1))
+            wrap = b.icmp_signed("==", w, width)
+            w = b.select(wrap, self.const(0), w)
+            h = b.select(wrap, b.add(h, self.const(1)), h)
+        return cells
+
     def plane(self, out, n, channel):
         # the flat index of out[n, channel, 0, 0] (4-D, NCHW)
         _, channels, height, width = cgutils.unpack_tuple(self.b, out.shape, 4)

@@ -52,13 +52,13 @@ def _reference(
 
 
 # Each geometry with one pair of activations (each case compiles a loop of
-# its own, at both vector widths).
+# its own, at both vector widths; the other tests reuse these loops).
 GEOMETRIES = [
     # shape, channels, kernel, strides, pads, dilations, activations
     ((1, 24, 14, 14), 40, (5, 5), [1, 1], [2, 2, 2, 2], [1, 1], ("hard_swish",) * 2),
     ((2, 16, 11, 9), 20, (3, 3), [2, 1], [1, 0, 2, 1], [1, 1], ("relu", "relu")),
     ((1, 7, 10, 10), 33, (3, 5), [1, 2], [2, 2, 2, 2], [2, 1], ("none", "none")),
-    ((1, 3, 3, 3), 16, (5, 5), [1, 1], [3, 3, 3, 3], [1, 1], ("none", "relu")),
+    ((1, 3, 3, 3), 16, (5, 5), [1, 1], [3, 3, 3, 3], [1, 1], ("relu", "none")),
 ]
 
 
@@ -96,41 +96,38 @@ def test_the_loop_matches_the_reference(
 
 def test_each_activation_applies_to_its_own_step() -> None:
     """ReLU on the expansion only: the depthwise sums may be negative."""
-    arrays = _arrays((1, 8, 6, 6), 16, (3, 3), seed=4)
-    args = ([1, 1], [1, 1, 1, 1], [1, 1])
-    want = _reference(arrays, *args, ("relu", "none"))
+    shape, channels, kernel, strides, pads, dilations, activations = GEOMETRIES[3]
+    assert activations == ("relu", "none")
+    arrays = _arrays(shape, channels, kernel, seed=4)
+    args = (strides, pads, dilations)
+    want = _reference(arrays, *args, activations)
     assert (want < 0).any() and not np.allclose(
         want, _reference(arrays, *args, ("none", "none")), atol=1e-3
     )
     out = np.empty(want.shape, np.float32)
-    _pointwise_depthwise.bind(
-        *arrays, out, (1, 1), (1, 1), (1, 1), expand_activation="relu"
-    )()
+    geometry = (tuple(strides), tuple(pads[:2]), tuple(dilations))
+    _pointwise_depthwise.bind(*arrays, out, *geometry, expand_activation="relu")()
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("bands", [1, 3])
-@pytest.mark.parametrize("geometry", [((2, 2), (2, 2)), ((1, 1), (2, 2))])
+@pytest.mark.parametrize("case", GEOMETRIES[:2], ids=["5x5", "3x3-strided"])
 def test_shares_and_bands_match_one_thread(
-    monkeypatch: pytest.MonkeyPatch,
-    bands: int,
-    geometry: tuple[tuple[int, int], tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch, bands: int, case: tuple[Any, ...]
 ) -> None:
     """Blocks shared out over threads, each cut into bands of output rows
     (each band's input rows expanded again): the one thread's bits."""
-    arrays = _arrays((2, 12, 9, 9), 72, (5, 5), seed=1)
-    strides, begin = geometry
-    out_hw = (9 + 4 - 5) // strides[0] + 1
-    alone = np.empty((2, 72, out_hw, out_hw), np.float32)
-    call_args = (strides, begin, (1, 1))
-    _pointwise_depthwise.bind(*arrays, alone, *call_args, activation="hard_swish")()
+    shape, _, kernel, strides, pads, dilations, activations = case
+    arrays = _arrays((2, *shape[1:]), 72, kernel, seed=1)
+    geometry = (tuple(strides), tuple(pads[:2]), tuple(dilations))
+    acts = {"expand_activation": activations[0], "activation": activations[1]}
+    out_shape = _reference(arrays, strides, pads, dilations, activations).shape
+    alone = np.empty(out_shape, np.float32)
+    _pointwise_depthwise.bind(*arrays, alone, *geometry, **acts)()
     split_everywhere(monkeypatch, _dwvector)
     monkeypatch.setattr(_pointwise_depthwise, "_bands", lambda *_: bands)
-    shared = np.full(alone.shape, np.nan, np.float32)
-    call = _pointwise_depthwise.bind(
-        *arrays, shared, *call_args, activation="hard_swish"
-    )
-    call()
+    shared = np.full(out_shape, np.nan, np.float32)
+    _pointwise_depthwise.bind(*arrays, shared, *geometry, **acts)()
     np.testing.assert_array_equal(shared, alone)
 
 
@@ -149,19 +146,33 @@ def test_bands_where_the_blocks_are_too_few_for_the_cores(
 
 def test_the_depthwise_step_is_the_depthwise_loop_bit_for_bit() -> None:
     """From the same expanded plane the sums are the depthwise kernel's:
-    an expansion by an identity reproduces its input exactly."""
+    an expansion by an identity (ReLU of values at least 0) reproduces its
+    input exactly."""
+    shape, channels, kernel, strides, pads, dilations, activations = GEOMETRIES[1]
+    assert activations == ("relu", "relu")
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((1, 20, 9, 9)).astype(np.float32)
-    identity = np.eye(20, dtype=np.float32).reshape(20, 20, 1, 1)
-    w2 = rng.standard_normal((20, 1, 3, 3)).astype(np.float32)
-    b2 = rng.standard_normal(20).astype(np.float32)
-    geometry = ((2, 2), (1, 1), (1, 1))
-    want = np.empty((1, 20, 5, 5), np.float32)
+    x = np.abs(rng.standard_normal((1, channels, *shape[2:]))).astype(np.float32)
+    identity = np.eye(channels, dtype=np.float32).reshape(channels, channels, 1, 1)
+    w2 = rng.standard_normal((channels, 1, *kernel)).astype(np.float32)
+    b2 = rng.standard_normal(channels).astype(np.float32)
+    geometry = (tuple(strides), tuple(pads[:2]), tuple(dilations))
+    want_shape = _reference(
+        (x, identity, b2, w2, b2), strides, pads, dilations, activations
+    ).shape
+    want = np.empty(want_shape, np.float32)
     _dwvector.bind(x, w2, b2, want, *geometry, activation="relu")()
     out = np.empty_like(want)
-    zeros = np.zeros(20, np.float32)
+    zeros = np.zeros(channels, np.float32)
     _pointwise_depthwise.bind(
-        x, identity, zeros, w2, b2, out, *geometry, activation="relu"
+        x,
+        identity,
+        zeros,
+        w2,
+        b2,
+        out,
+        *geometry,
+        expand_activation="relu",
+        activation="relu",
     )()
     np.testing.assert_array_equal(out, want)
 
