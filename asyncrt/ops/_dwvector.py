@@ -339,6 +339,29 @@ def _kernel(geometry: tuple[int, ...], activation: str) -> Callable[..., None]:
     )
 
 
+def plane_extent(
+    x_shape: tuple[int, ...],
+    out_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    begin: tuple[int, ...],
+    dilations: tuple[int, ...],
+) -> tuple[int, int]:
+    """The rows and columns of a block's channels-last plane for NCHW
+    shapes: as far as the last output's last tap reaches (or the input's
+    end, past it), the interior at ``begin``, the pads zero."""
+    height, width = x_shape[2:]
+    out_h, out_w = out_shape[2:]
+    k_h, k_w = w_shape[2:]
+    rows = max(
+        begin[0] + height, (out_h - 1) * strides[0] + (k_h - 1) * dilations[0] + 1
+    )
+    columns = max(
+        begin[1] + width, (out_w - 1) * strides[1] + (k_w - 1) * dilations[1] + 1
+    )
+    return rows, columns
+
+
 def takes(x: Array, w: Array) -> bool:
     """Whether :func:`bind` computes a depthwise convolution of these
     arrays (float32; :func:`asyncrt.ops._depthwise.takes` checked the
@@ -373,20 +396,12 @@ def bind(
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}")
-    _, channels, height, width = x.shape
+    channels = x.shape[1]
     k_h, k_w = w.shape[2:]
-    out_h, out_w = out.shape[2:]
     vector = lanes()
     block_count = -(-channels // vector)
     blocks = block_count * vector
-    # Rows and columns as far as the last output's last tap reaches (or the
-    # input's end, past it), the pads zero.
-    rows = max(
-        begin[0] + height, (out_h - 1) * strides[0] + (k_h - 1) * dilations[0] + 1
-    )
-    columns = max(
-        begin[1] + width, (out_w - 1) * strides[1] + (k_w - 1) * dilations[1] + 1
-    )
+    rows, columns = plane_extent(x.shape, out.shape, w.shape, strides, begin, dilations)
     taps = np.zeros((k_h * k_w, blocks), np.float32)
     weights = w.reshape(channels, k_h * k_w).T
     shift = np.zeros(blocks, np.float32)

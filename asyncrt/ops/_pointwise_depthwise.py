@@ -225,11 +225,8 @@ def bind(
     vector = _dwvector.lanes()
     block_count = -(-channels // vector)
     blocks = block_count * vector
-    rows = max(
-        begin[0] + height, (out_h - 1) * strides[0] + (k_h - 1) * dilations[0] + 1
-    )
-    columns = max(
-        begin[1] + width, (out_w - 1) * strides[1] + (k_w - 1) * dilations[1] + 1
+    rows, columns = _dwvector.plane_extent(
+        x.shape, out.shape, w2.shape, strides, begin, dilations
     )
     # zeros past the last channel: the pad lanes' planes are zero, their
     # sums dropped
