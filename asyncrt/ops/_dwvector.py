@@ -416,33 +416,59 @@ def bind(
     grid = np.empty((1, 1, 1), np.float32)
     _jit.specialise(kernel, (x, grid, taps, shift, out, 0, 1, *begin))
     copyto = np.copyto
-    borrowed = _scratch.Borrowed(shapes, _FLOAT32)
-    views: list[Any] = [None, None]  # the scratch array, the loop bound to it
     if constant_weights:
         copyto(own_weights, weights)
     per_call_bias = None if constant_bias else bias  # copied each call
     if bias is not None and constant_bias:
         copyto(own_bias, bias)
 
+    compute = bind_on_planes(
+        kernel, (x, None, taps, shift, out), 1, shapes, shares, begin, work
+    )
+
     def depthwise() -> None:
         if not constant_weights:
             copyto(own_weights, weights)  # an input's values change per run
         if per_call_bias is not None:
             copyto(own_bias, per_call_bias)
-        (pixels,) = borrowed()
-        if views[0] is not pixels:  # bound again only if the scratch moved
+        compute()
+
+    return depthwise
+
+
+def bind_on_planes(
+    kernel: Callable[..., None],
+    arrays: tuple[Any, ...],
+    position: int,
+    shapes: tuple[tuple[int, ...], ...],
+    shares: list[tuple[int, int]],
+    trailing: tuple[Any, ...],
+    work: float,
+) -> Callable[[], None]:
+    """``kernel(*arrays, first, last, *trailing)`` over ``shares``
+    (:func:`asyncrt.ops._jit.bind_parts`), ``arrays[position]`` each
+    share's plane: the calling thread's scratch of ``shapes`` (one row a
+    share), borrowed on each call, the loop bound again only where the
+    scratch moved."""
+    borrowed = _scratch.Borrowed(shapes, _FLOAT32)
+    views: list[Any] = [None, None]  # the scratch array, the loop bound to it
+
+    def on_planes() -> None:
+        (planes,) = borrowed()
+        if views[0] is not planes:
+            bound = (*arrays[:position], planes, *arrays[position + 1 :])
             views[:] = [
-                pixels,
+                planes,
                 _jit.bind_parts(
                     kernel,
-                    (x, pixels, taps, shift, out),
+                    bound,
                     shares,
-                    per_part=frozenset({1}),
-                    trailing=begin,
+                    per_part=frozenset({position}),
+                    trailing=trailing,
                     work=work,
                 ),
             ]
         compute = views[1]
         compute()
 
-    return depthwise
+    return on_planes

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from ..runtime import _threads
-from . import _dwvector, _jit, _scratch, _team_parts
+from . import _dwvector, _jit, _team_parts
 from ._common import Array
 from ._conv_epilogue import ACTIVATIONS
 from ._vector_ir import compile_vectors
@@ -262,24 +261,7 @@ def bind(
     grid = np.empty((1, 1, 1), np.float32)
     call = (x, expand, expand_bias, grid, taps, shift, out, 0, 1, *begin, bands)
     _jit.specialise(kernel, call)
-    borrowed = _scratch.Borrowed(shapes, _FLOAT32)
-    views: list[Any] = [None, None]  # the scratch array, the loop bound to it
-
-    def pointwise_depthwise() -> None:
-        (pixels,) = borrowed()
-        if views[0] is not pixels:  # bound again only if the scratch moved
-            views[:] = [
-                pixels,
-                _jit.bind_parts(
-                    kernel,
-                    (x, expand, expand_bias, pixels, taps, shift, out),
-                    shares,
-                    per_part=frozenset({3}),
-                    trailing=(*begin, bands),
-                    work=work,
-                ),
-            ]
-        compute = views[1]
-        compute()
-
-    return pointwise_depthwise
+    arrays = (x, expand, expand_bias, None, taps, shift, out)
+    return _dwvector.bind_on_planes(
+        kernel, arrays, 3, shapes, shares, (*begin, bands), work
+    )
