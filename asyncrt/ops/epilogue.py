@@ -726,9 +726,12 @@ def _fused_pointwise(xp: ModuleType, attrs: Attrs) -> Kernel:
         )
         convolve = product.bind(source, w, b, sums, constant=parameters)
 
+        factors = None
+        if gates is not None:
+            factors = gates.reshape(images, channels, *(1,) * (x.ndim - 2))
+
         def run() -> None:
-            if gates is not None:
-                factors = gates.reshape(images, channels, *(1,) * (x.ndim - 2))
+            if factors is not None:
                 xp.multiply(x, factors, out=source)
             convolve()
             if added is not None:
