@@ -72,7 +72,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ._names import PRIVATE_DOMAIN, is_op
+from ._names import PRIVATE_DOMAIN, is_op, unique_name
 
 __all__ = ("fuse_epilogues",)
 
@@ -526,7 +526,8 @@ class _Fuser:
     def gated_pointwise(self) -> int:
         count = 0
         names = {n for node in self.nodes if node is not None for n in node.output}
-        names |= set(self.reader_of)
+        names |= set(self.reader_of) | {i.name for i in self.graph.initializer}
+        names |= {i.name for i in self.graph.input}
         for index, node in enumerate(self.nodes):
             if node is None or node.op_type != "SqueezeExcite":
                 continue
@@ -539,10 +540,7 @@ class _Fuser:
                 continue
             if weights.dtype != np.float32:
                 continue
-            gates = str(node.output[0]) + "_gates"
-            while gates in names:
-                gates += "_"
-            names.add(gates)
+            gates = unique_name(str(node.output[0]) + "_gates", names)
             squeeze = onnx.helper.make_node(
                 "SqueezeGates",
                 list(node.input),
