@@ -42,6 +42,36 @@ def check_fusions(
         np.testing.assert_allclose(f, u, rtol=rtol, atol=rtol)
 
 
+def check_every_shape(
+    model: onnx.ModelProto,
+    name: str,
+    shapes: tuple[tuple[int, ...], ...],
+    *,
+    seed: int = 7,
+    tol: float = 1e-5,
+) -> None:
+    """``model`` (its input ``name`` symbolic) imported once: one executor
+    runs every one of ``shapes``, matching ONNX Runtime's outputs."""
+    import onnxruntime as ort
+
+    from asyncrt import graph_executor
+    from asyncrt.frontend import from_onnx
+
+    session = ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    graph, params = from_onnx(model)
+    rng = np.random.default_rng(seed)
+    with graph_executor.create(graph, params=params) as executor:
+        for shape in shapes:
+            x = rng.standard_normal(shape).astype(np.float32)
+            got = [o.numpy() for o in executor.run_sync(**{name: x}) or []]
+            want = session.run(None, {name: x})
+            assert len(got) == len(want)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+
+
 def model_of(graph: onnx.GraphProto, opset: int) -> onnx.ModelProto:
     """``graph`` as a model of the default domain's ``opset``, at the oldest
     IR version that opset allows. ``helper.make_model`` writes onnx's newest

@@ -12,11 +12,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from asyncrt import graph_executor
-from asyncrt.frontend import from_onnx
 from asyncrt.frontend._rewrite import rewrite
 
-from .models import check_fusions, model_of
+from .models import check_every_shape, check_fusions, model_of
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -124,15 +122,9 @@ def test_anything_but_the_exact_pair_is_left_alone(changed: dict[str, Any]) -> N
 def test_the_fused_pair_runs_at_every_input_shape() -> None:
     """Imported with a symbolic batch and plane, one executor runs every
     shape, fused, as ONNX Runtime does."""
-    model = _block(dims=["N", CIN, "H", "W"])
-    session = ort.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    check_every_shape(
+        _block(dims=["N", CIN, "H", "W"]),
+        "x",
+        ((1, CIN, 7, 7), (3, CIN, 4, 9), (2, CIN, 1, 1)),
+        seed=10,
     )
-    graph, params = from_onnx(model)
-    rng = np.random.default_rng(10)
-    with graph_executor.create(graph, params=params) as executor:
-        for shape in ((1, CIN, 7, 7), (3, CIN, 4, 9), (2, CIN, 1, 1)):
-            x = rng.standard_normal(shape).astype(np.float32)
-            (got,) = [o.numpy() for o in executor.run_sync(x=x) or []]
-            want = session.run(None, {"x": x})[0]
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

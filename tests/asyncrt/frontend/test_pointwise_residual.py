@@ -13,11 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from asyncrt import graph_executor
-from asyncrt.frontend import from_onnx
 from asyncrt.frontend._rewrite import rewrite
 
-from .models import check_fusions, model_of
+from .models import check_every_shape, check_fusions, model_of
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -128,15 +126,10 @@ def test_anything_else_keeps_the_add(changed: dict[str, Any]) -> None:
 
 
 def test_the_fused_add_runs_at_every_input_shape() -> None:
-    model = _model(dims=["N", C, "H", "W"], excite=True)
-    session = ort.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    """The gated convolution with its residual at every shape, one executor."""
+    check_every_shape(
+        _model(dims=["N", C, "H", "W"], excite=True),
+        "x",
+        ((1, C, 7, 7), (3, C, 4, 9), (2, C, 1, 1)),
+        seed=13,
     )
-    graph, params = from_onnx(model)
-    rng = np.random.default_rng(13)
-    with graph_executor.create(graph, params=params) as executor:
-        for shape in ((1, C, 7, 7), (3, C, 4, 9), (2, C, 1, 1)):
-            x = rng.standard_normal(shape).astype(np.float32)
-            (got,) = [o.numpy() for o in executor.run_sync(x=x) or []]
-            want = session.run(None, {"x": x})[0]
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

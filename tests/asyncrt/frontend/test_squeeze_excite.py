@@ -12,12 +12,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from asyncrt import graph_executor
-from asyncrt.frontend import from_onnx
 from asyncrt.frontend._epilogue import fuse_epilogues
 from asyncrt.frontend._rewrite import rewrite
 
-from .models import check_fusions, model_of
+from .models import check_every_shape, check_fusions, model_of
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -144,18 +142,12 @@ def test_anything_but_the_exact_block_is_left_alone(changed: dict[str, Any]) -> 
 def test_the_fused_block_runs_at_every_input_shape() -> None:
     """Imported with a symbolic batch and plane, one executor runs every
     shape, fused, as ONNX Runtime does."""
-    model = _block(dims=["N", C, "H", "W"])
-    session = ort.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    check_every_shape(
+        _block(dims=["N", C, "H", "W"]),
+        "x_in",
+        ((1, C, 7, 7), (3, C, 4, 9), (2, C, 1, 1)),
+        seed=7,
     )
-    graph, params = from_onnx(model)
-    rng = np.random.default_rng(7)
-    with graph_executor.create(graph, params=params) as executor:
-        for shape in ((1, C, 7, 7), (3, C, 4, 9), (2, C, 1, 1)):
-            x = rng.standard_normal(shape).astype(np.float32)
-            (got,) = [o.numpy() for o in executor.run_sync(x_in=x) or []]
-            want = session.run(None, {"x_in": x})[0]
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_pointwise_convolution_after_it_scales_its_rows_by_the_gates() -> None:
@@ -191,15 +183,10 @@ def test_other_convolutions_after_it_keep_the_excitation(
 
 
 def test_the_gated_convolution_runs_at_every_input_shape() -> None:
-    model = _block(dims=["N", C, "H", "W"], projection={})
-    session = ort.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    """The gates and the gated convolution at every shape, one executor."""
+    check_every_shape(
+        _block(dims=["N", C, "H", "W"], projection={}),
+        "x_in",
+        ((1, C, 7, 7), (3, C, 4, 9), (2, C, 1, 1)),
+        seed=8,
     )
-    graph, params = from_onnx(model)
-    rng = np.random.default_rng(8)
-    with graph_executor.create(graph, params=params) as executor:
-        for shape in ((1, C, 7, 7), (3, C, 4, 9), (2, C, 1, 1)):
-            x = rng.standard_normal(shape).astype(np.float32)
-            (got,) = [o.numpy() for o in executor.run_sync(x_in=x) or []]
-            want = session.run(None, {"x_in": x})[0]
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
