@@ -39,6 +39,7 @@ from . import (
     _jitcast,
     _jitfuse,
     _panel_gemm,
+    _softvector,
     _team_blas,
     _team_parts,
 )
@@ -339,7 +340,8 @@ def softmax_last_axis(a: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> Non
     C-contiguous float32 rows, where numba is installed, are one compiled
     loop (:mod:`asyncrt.ops._epijit`'s ``softmax_rows``: each row shifted by
     its maximum, within a few ulps of the passes below, 3x faster on small
-    arrays and 4-12 % on large ones). Otherwise numpy passes:
+    arrays and 4-12 % on large ones; rows of about a vector,
+    :mod:`asyncrt.ops._softvector`'s groups). Otherwise numpy passes:
     the row sums are one matrix-vector product (BLAS, 3-4x numpy's
     add.reduce), the division a multiplication by their reciprocals. The
     row maxima are subtracted only where some input lies outside
@@ -374,6 +376,8 @@ def bind_softmax_last_axis(
         and out.flags.c_contiguous
         and _jit.available()
     ):
+        if _softvector.takes(flat, rows):  # rows of about a vector
+            return _softvector.bind(flat, rows, split_elements=SOFTMAX_SPLIT_ELEMENTS)
         shares = _team_parts.shares(
             flat.shape[0],
             a.size,

@@ -80,6 +80,7 @@ from . import (
     _jit,
     _panel_conv,
     _panel_gemm,
+    _softvector,
     _team_blas,
     _team_parts,
 )
@@ -378,13 +379,29 @@ def _bind_softmax_rows(
     over ``out``'s rows, split over the kernel threads as the softmax is."""
     width = out.shape[-1]
     rows = out.size // width
+    x, product = operands[0], out.reshape(rows, width)
+    if _softvector.takes(x, product):  # rows of about a vector
+        mode = "add" if name == "scale_add_softmax_rows" else "where"
+        scale, aux, aux_rows, *fill = operands[1:]
+        return _softvector.bind(
+            x,
+            product,
+            split_elements=SOFTMAX_SPLIT_ELEMENTS,
+            mode=mode,
+            aux=aux,
+            aux_rows=aux_rows,
+            scale=scale,
+            fill=fill[0] if fill else None,
+            divide=flags[0],
+            keep=mode == "where" and flags[1],
+        )
     shares = _team_parts.shares(
         rows,
         out.size,
         SOFTMAX_SPLIT_ELEMENTS,
         min_team_work=_team_parts.MIN_TEAM_ELEMENTS,
     )
-    arrays = (*operands, out.reshape(rows, width), *flags)
+    arrays = (*operands, product, *flags)
     return _jit.bind_parts(_epijit.loop(name), arrays, shares, work=out.size)
 
 
