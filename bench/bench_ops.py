@@ -14,7 +14,11 @@ bound), timed alone (median of ``--runs``). Its floor is the larger of
 the bytes it must move (inputs read once, outputs written once)
 at the measured bandwidth and its multiply-adds at the measured peak;
 ``x floor`` is the time over that. The report lists every case slower than
-``--limit`` (3) times its floor. A convolution's multiply-adds are the
+``--limit`` (3) times its floor, after measuring each such case
+``--recheck`` (3) times more at the end of the pass, a second apart, the
+best median standing (the first pass's shown beside it: on the shared
+2-core VM a busy minute slowed kernels nobody had changed 1.4-2.5x). A
+convolution's multiply-adds are the
 direct sum's: Winograd's transforms do fewer, so 3x3 ones may come in
 below 1.
 
@@ -592,12 +596,39 @@ def _kernel(case: Case) -> Callable[[], None]:
     return lambda: kernel(*arrays)
 
 
+def _recheck(
+    rows: list[tuple[Case, float | None, str]], a: argparse.Namespace
+) -> list[tuple[Case, float | None, str]]:
+    """Cases above the limit measured again, ``--recheck`` times a second
+    apart, after the whole pass: the best median stands (a busy minute on a
+    shared host slowed untouched kernels 1.4-2.5x in single passes), the
+    first pass's kept beside it in the report."""
+    checked = []
+    for case, ratio, error in rows:
+        if ratio is not None and ratio > a.limit and a.recheck:
+            first = case.result["us"]
+            best = first
+            for _ in range(a.recheck):
+                time.sleep(1.0)
+                best = min(best, 1e6 * _timed(_kernel(case), a.runs, a.min_time))
+            case.result = {**case.result, "us": best, "first_us": first}
+            ratio = best / case.result["floor_us"]
+        checked.append((case, ratio, error))
+    return checked
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--min-time", type=float, default=0.05)
     ap.add_argument("--limit", type=float, default=3.0)
     ap.add_argument("--match", default="", help="only cases whose name has this")
+    ap.add_argument(
+        "--recheck",
+        type=int,
+        default=3,
+        help="times a case above the limit is measured again at the end",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
     import threadpoolctl
@@ -623,6 +654,7 @@ def main() -> None:
             floor = max(case.bytes / bandwidth, case.flops / peak)
             case.result = {"us": 1e6 * seconds, "floor_us": 1e6 * floor}
             rows.append((case, seconds / floor, ""))
+        rows = _recheck(rows, a)
     print("| case | us | floor us | x floor | bound by |")
     print("|---|---:|---:|---:|---|")
     for case, ratio, error in rows:
@@ -630,15 +662,23 @@ def main() -> None:
             print(f"| {case.name} | failed: {error} | | | |")
             continue
         bound = "flops" if case.flops / peak > case.bytes / bandwidth else "bytes"
+        first = case.result.get("first_us")
+        again = "" if first is None else f" (first pass {first:.1f})"
         print(
-            f"| {case.name} | {case.result['us']:.1f} | {case.result['floor_us']:.1f} "
-            f"| {ratio:.1f} | {bound} |"
+            f"| {case.name} | {case.result['us']:.1f}{again} "
+            f"| {case.result['floor_us']:.1f} | {ratio:.1f} | {bound} |"
         )
     slow = sorted(
         ((c, r) for c, r, _ in rows if r is not None and r > a.limit),
         key=lambda cr: -cr[1],
     )
     print(f"\n## Slower than {a.limit:g}x their floor: {len(slow)} of {len(rows)}\n")
+    if a.recheck:
+        print(
+            f"(cases above {a.limit:g}x in the pass were measured {a.recheck} times "
+            "more at its end, a second apart: the best median is listed, the "
+            "first pass's beside it)\n"
+        )
     for case, ratio in slow:
         print(f"- {case.name}: {ratio:.1f}x ({case.result['us']:.1f} us)")
     if a.json:
