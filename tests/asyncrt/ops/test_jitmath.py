@@ -177,3 +177,24 @@ def test_compiled_softmax_rows(
     again = x.copy()
     _builtin.bind_softmax_last_axis(again, again)()
     np.testing.assert_array_equal(again, out)
+
+
+@pytest.mark.parametrize("width", [7, 300])
+def test_compiled_softmax_flushes_subnormal_exponentials(width: int) -> None:
+    # a score 100 below its row's maximum: e^-100 is subnormal in float32
+    # (3.7e-44); the shifted loops give 0 there (no subnormal products),
+    # everything else within rounding
+    from asyncrt.ops import _builtin
+
+    x = np.zeros((3, width), np.float32)
+    x[:, 1] = -100.0
+    x[1, 2] = -87.0  # e^-87 is still normal: kept
+    x[2, 0] = 200.0  # outside the unshifted loops' bound: shifted
+    out = np.empty_like(x)
+    _builtin.bind_softmax_last_axis(x, out)()
+    assert out[0, 1] == 0 and out[1, 1] == 0 and out[2, 1] == 0
+    assert out[1, 2] > 0
+    with np.errstate(under="ignore"):
+        e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    want = e / e.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-7)
