@@ -49,7 +49,9 @@ The GPU runners and the ``enc-b16`` model (the encoder at batch 16, sequence
 ``--neighbour`` keeps a CPU-bound process running on the same cores
 meanwhile (a busy neighbour: compare each runner's time with a run
 without it); ``--neighbours N`` keeps N of them (as many as the cores:
-none left free).
+none left free). The table gives each pair's best round and the median of
+its rounds, each against ONNX Runtime's: beside a neighbour the rounds
+differ most, and the best alone would hide it.
 
 Outputs are compared with ONNX Runtime's (``max|d| / max|ref| <= 1e-4``).
 Each pair: warm-up, then at least ``--min-runs`` timed runs and
@@ -284,22 +286,43 @@ def run_pair(model: str, runner: str, a: argparse.Namespace) -> dict[str, Any]:
     return run_child(cmd, MARK, a.timeout, {"model": model, "runner": runner})
 
 
-def table(best: dict[tuple[str, str], dict[str, Any]]) -> str:
+def table(
+    best: dict[tuple[str, str], dict[str, Any]], results: list[dict[str, Any]]
+) -> str:
+    """Each pair's best round (its median run) against ONNX Runtime's best,
+    and the median of its rounds against ONNX Runtime's median of rounds:
+    the best filters a quiet host's noise, the median of rounds keeps what
+    a busy one does to every round (beside a neighbour, ONNX Runtime's
+    spinning threads made one round of MobileNetV3 1.2 ms and the next two
+    5.2-5.4)."""
+    rounds: dict[tuple[str, str], list[float]] = {}
+    for r in results:
+        if r.get("ok"):
+            rounds.setdefault((r["model"], r["runner"]), []).append(r["median_s"])
+
+    def typical(key: tuple[str, str]) -> float:
+        times = sorted(rounds.get(key, [float("nan")]))
+        return times[len(times) // 2]
+
     lines = [
-        "| model | runner | median ms | / ORT best | rel err | correct |",
-        "|---|---|---|---|---|---|",
+        "| model | runner | median ms | / ORT best | median of rounds ms "
+        "| / ORT's | rel err | correct |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for model in dict.fromkeys(m for m, _ in best):
         rows = {r: v for (m, r), v in best.items() if m == model}
-        ort = [v for r, v in rows.items() if r.startswith("ort") and v.get("ok")]
-        ort_best = min((v["median_s"] for v in ort), default=float("nan"))
+        ort = [r for r, v in rows.items() if r.startswith("ort") and v.get("ok")]
+        ort_best = min((rows[r]["median_s"] for r in ort), default=float("nan"))
+        ort_typical = min((typical((model, r)) for r in ort), default=float("nan"))
         for runner, v in rows.items():
             if not v.get("ok"):
-                lines.append(f"| {model} | {runner} | failed: {v['error'][:80]} ||||")
+                lines.append(f"| {model} | {runner} | failed: {v['error'][:80]} ||||||")
                 continue
+            middle = typical((model, runner))
             lines.append(
                 f"| {model} | {runner} | {1e3 * v['median_s']:.3f} | "
-                f"{v['median_s'] / ort_best:.2f} | {v['rel_err']:.1e} | "
+                f"{v['median_s'] / ort_best:.2f} | {1e3 * middle:.3f} | "
+                f"{middle / ort_typical:.2f} | {v['rel_err']:.1e} | "
                 f"{v['correct']} |"
             )
     return "\n".join(lines)
@@ -353,7 +376,7 @@ def main() -> None:
             neighbour.kill()
             neighbour.wait()
     print()
-    print(table(best))
+    print(table(best, results))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"best": list(best.values()), "all": results}, f, indent=1)
