@@ -553,16 +553,38 @@ def bind_packed(
     large = work >= MIN_PARALLEL_WORK
     strips = max(1, width // _WIDE)
 
+    splits: dict[int, tuple[int, int]] = {}  # by the parts wanted
+
     def product() -> None:
         if not held[2].size:
             return
         threads, wanted, crowded = _native_team.share(large, work)
-        # images first, then runs of channel blocks, then of positions
-        per_image = -(-wanted // images)
-        block_parts = min(blocks, per_image)
-        strip_parts = min(strips, -(-per_image // block_parts))
+        split = splits.get(wanted)
+        if split is None:
+            split = splits[wanted] = _split(images, blocks, strips, wanted)
+        block_parts, strip_parts = split
         data[0], data[1] = 0, images * block_parts * strip_parts
         data[15], data[16] = block_parts, strip_parts
         run(address, threads, crowded)
 
     return product
+
+
+def _split(images: int, blocks: int, strips: int, wanted: int) -> tuple[int, int]:
+    """``(block_parts, strip_parts)``: each image's runs of channel blocks
+    and of strips of positions for ``wanted`` parts, the split whose
+    largest part, times the rounds of parts a thread takes, is least (ties:
+    the fewest runs of blocks, so that each thread reads the fewest
+    columns). Cutting 3 blocks in two gave one thread two of them: 72 -> 24
+    channels of 28 x 28 scaled 1.4x on two threads instead of 2x."""
+    per_image = -(-wanted // images)
+    best: tuple[int, int, int] | None = None
+    for block_parts in range(1, min(blocks, per_image) + 1):
+        strip_parts = min(strips, -(-per_image // block_parts))
+        largest = -(-blocks // block_parts) * -(-strips // strip_parts)
+        rounds = -(-images * block_parts * strip_parts // wanted)
+        cost = largest * rounds
+        if best is None or cost < best[0]:
+            best = (cost, block_parts, strip_parts)
+    assert best is not None
+    return best[1], best[2]

@@ -154,6 +154,24 @@ def test_products_match_float64(
     assert np.isnan(storage[size:]).all()
 
 
+@pytest.mark.parametrize(
+    ("images", "blocks", "strips", "wanted", "split"),
+    [
+        # 3 blocks over two threads: halves of the positions, not 1 + 2 blocks
+        (1, 3, 24, 2, (1, 2)),
+        (1, 120, 1, 2, (2, 1)),  # 7 x 7 planes: the blocks
+        (1, 9, 3, 2, (2, 1)),  # 5 + 4 blocks of 3 strips before 9 blocks of 2
+        (1, 2, 24, 2, (1, 2)),  # equal: positions (each thread reads half)
+        (4, 3, 24, 2, (1, 1)),  # images enough
+        (1, 3, 24, 8, (1, 8)),
+    ],
+)
+def test_parts_are_balanced_over_the_threads(
+    images: int, blocks: int, strips: int, wanted: int, split: tuple[int, int]
+) -> None:
+    assert _panel_conv._split(images, blocks, strips, wanted) == split
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_chunks_of_wider_rows(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
     """``x`` a chunk of a wider column matrix, ``out`` a run of each of an
