@@ -32,7 +32,8 @@ with :mod:`asyncrt.ops._jitmath`'s helpers and compiled once per machine
   ``2^n`` is one normal factor and no clamp is needed
   (``exp_bounded_``: ``exp_``'s bits); shifted ones are at most 0, and
   their exponentials below ``e^-87`` (subnormal in float32) are 0
-  (``exp_shifted_``, ``exp_``'s bits above). One thread, against the
+  (``exp_nonpositive_``, ``exp_``'s bits above; both
+  :mod:`asyncrt.ops._jitmath`'s). One thread, against the
   ``exp_`` of every range: rows of 32 to 512, 0.67-0.78x unshifted,
   0.58-0.67x shifted; masked and scaled (shifted a row at a time, the
   exponential in the same loop, from rows of :data:`WIDE`) 0.78-0.85x.
@@ -217,41 +218,17 @@ def bounded_(flat):
     return outside == 0
 
 
-@numba.njit(inline="always", error_model='numpy')
-def exp_scale2_(y, n):
-    # y 2^n for n in float32's normal exponents: one factor
-    return y * _I((_I(n) + 127) << 23).view(_F)
-
-
-@numba.njit(inline="always", error_model='numpy')
-def exp_shifted_(v):
-    # exp_ for v <= 0 or NaN (a value less its row's maximum): results
-    # below _SHIFTED_FLUSH's (subnormal in float32) are 0, so 2^n is one
-    # factor and nothing overflows; exp_'s bits everywhere else
-    flushed = v < _SHIFTED_FLUSH
-    y, n = exp_parts_(_ZERO if flushed else v)
-    y = _ZERO if flushed else exp_scale2_(y, n)
-    return v if v != v else y
-
-
-@numba.njit(inline="always", error_model='numpy')
-def exp_bounded_(v):
-    # exp_ for |v| <= _NO_SHIFT_BOUND (2^n is one normal factor), its bits
-    y, n = exp_parts_(v)
-    return exp_scale2_(y, n)
-
-
 @numba.njit(cache=True, nogil=True, error_model='numpy', boundscheck=False)
 def exp_scale_(out, r0, r1, width, shifted, flat_done):
     # rows r0:r1 of out: their exponentials in one flat pass (whole vectors,
-    # no remainder per row; skipped where flat_done), exp_shifted_ where
+    # no remainder per row; skipped where flat_done), exp_nonpositive_ where
     # the rows are shifted by their maxima, else exp_bounded_; then each
     # row scaled by 1 / its sum
     if not flat_done:
         flat = out[r0:r1].reshape(-1)
         if shifted:
             for i in range(flat.shape[0]):
-                flat[i] = exp_shifted_(flat[i])
+                flat[i] = exp_nonpositive_(flat[i])
         else:
             for i in range(flat.shape[0]):
                 flat[i] = exp_bounded_(flat[i])
@@ -345,7 +322,7 @@ def normalise_masked_(out, r0, r1, tops, outside):
             top = from_key_(tops[r - r0])
             if wide:
                 for c in range(width):
-                    out[r, c] = exp_shifted_(out[r, c] - top)
+                    out[r, c] = exp_nonpositive_(out[r, c] - top)
             else:
                 for c in range(width):
                     out[r, c] = out[r, c] - top
@@ -512,7 +489,6 @@ _SOURCE = "\n".join(
         *_jitmath.head(),
         f"_ROWS_BLOCK = {ROWS_BLOCK}",
         f"_WIDE = {WIDE}",
-        "_SHIFTED_FLUSH = _F(-87.0)",
         f"_NO_SHIFT_BOUND = _F({NO_SHIFT_BOUND!r})",
         _LOOPS,
     ]

@@ -83,6 +83,8 @@ FUNCTIONS = (
     "gelu_tanh_",
     "exp_parts_",
     "exp_",
+    "exp_nonpositive_",
+    "exp_bounded_",
     "sigmoid_",
     "mish_",
     "expm1_",
@@ -138,6 +140,8 @@ _LN2_LO = _F(-2.12194440e-4)
 # past these exp is +inf, 0
 _EXP_HI = _F(88.72283935546875)
 _EXP_LO = _F(-103.97208404541015625)
+# below this e^x is subnormal in float32 (exp_nonpositive_ makes it 0)
+_EXP_FLUSH = _F(-87.0)
 _EXP_P = (
     _F(1.9875691500e-4),
     _F(1.3981999507e-3),
@@ -260,6 +264,26 @@ def exp_(v):
     y = _INF if v > _EXP_HI else y
     y = _ZERO if v < _EXP_LO else y
     return v if v != v else y
+
+
+@numba.njit(inline="always", error_model="numpy")
+def exp_nonpositive_(v):
+    # exp_ for v <= 0 or NaN (a softmax's value less its row's maximum):
+    # below _EXP_FLUSH 0 (a subnormal's products are microcode assists, and
+    # beside the row's e^0 it is nothing), so 2^n is one normal factor and
+    # nothing overflows; exp_'s bits everywhere else
+    flushed = v < _EXP_FLUSH
+    y, n = exp_parts_(_ZERO if flushed else v)
+    y = _ZERO if flushed else y * _I((_I(n) + 127) << 23).view(_F)
+    return v if v != v else y
+
+
+@numba.njit(inline="always", error_model="numpy")
+def exp_bounded_(v):
+    # exp_ for |v| <= 64 (a softmax's unshifted values): 2^n is one normal
+    # factor and no clamp applies; exp_'s bits
+    y, n = exp_parts_(v)
+    return y * _I((_I(n) + 127) << 23).view(_F)
 
 
 @numba.njit(inline="always", error_model="numpy")

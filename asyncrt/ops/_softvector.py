@@ -50,15 +50,12 @@ MODE, DIVIDE, KEEP, LANES = {settings}
 # the exponential's constants (the helpers above), as floats for the IR
 LOG2E, LN2_HI, LN2_LO = float(_LOG2E), float(_LN2_HI), float(_LN2_LO)
 EXP_P = tuple(float(c) for c in _EXP_P)
-# below this the exponential is flushed to zero: its float32 would be
-# subnormal (and the products making it microcode assists)
-EXP_FLUSH = -87.0
+EXP_FLUSH = float(_EXP_FLUSH)
 
 
 def _exp_nonpositive(e, v):
-    # e^v for v <= 0 or NaN (a row shifted by its maximum), lane-wise:
-    # _jitmath's exp_ (Cephes' expf) without its overflow checks, 0 below
-    # EXP_FLUSH
+    # _jitmath's exp_nonpositive_ (v <= 0 or NaN: a row shifted by its
+    # maximum) lane-wise, operation for operation
     b = e.b
     vector = e.vector
     ints = ir.VectorType(ir.IntType(32), vector.count)

@@ -198,3 +198,21 @@ def test_compiled_softmax_flushes_subnormal_exponentials(width: int) -> None:
         e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
     want = e / e.sum(axis=1, keepdims=True)
     np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-7)
+
+
+def test_the_softmax_exponentials_are_exp_cut_to_their_range() -> None:
+    # exp_'s bits where each applies: non-positive values down to the
+    # flush (below it 0, not subnormal), and values within the softmax's
+    # unshifted bound
+    x = _values()
+    low = x[(x <= 0) & (x >= -87.0)]
+    np.testing.assert_array_equal(
+        _helper("exp_nonpositive_")(low), _helper("exp_")(low)
+    )
+    below = np.array([-87.01, -100.0, -1e30, -np.inf], np.float32)
+    assert (_helper("exp_nonpositive_")(below) == 0).all()
+    assert np.isnan(_helper("exp_nonpositive_")(np.array([np.nan], np.float32))).all()
+    bounded = x[np.abs(x) <= 64.0]
+    np.testing.assert_array_equal(
+        _helper("exp_bounded_")(bounded), _helper("exp_")(bounded)
+    )
