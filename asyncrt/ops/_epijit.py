@@ -135,9 +135,10 @@ def row_squares_(v, mean):
 def add_layer_norm(x, res, scale, shift, out, epsilon, first, last):
     cols = out.shape[1]
     width = _F(cols)
+    repeat = res.shape[0]  # (fewer rows than x: res broadcasts, rows cycle)
     for r in range(first, last):
         # row views, indices from 0: LLVM vectorises the loops
-        xr, rr, row = x[r], res[r], out[r]
+        xr, rr, row = x[r], res[r % repeat], out[r]
         for c in range(cols):
             row[c] = xr[c] + rr[c]
         mean = row_sum_(row) / width
@@ -461,8 +462,9 @@ def squeeze_gates(x, w1, b1, w2, b2, means, hidden, gates, sigmoid, alpha, beta,
 def add_layer_norm_sum(x, res, scale, shift, out, total, epsilon, first, last):
     cols = out.shape[1]
     width = _F(cols)
+    repeat = res.shape[0]
     for r in range(first, last):
-        xr, rr, row, sums = x[r], res[r], out[r], total[r]
+        xr, rr, row, sums = x[r], res[r % repeat], out[r], total[r]
         for c in range(cols):
             sums[c] = xr[c] + rr[c]
         mean = row_sum_(sums) / width

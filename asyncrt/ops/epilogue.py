@@ -246,6 +246,20 @@ def _matmul_bias(xp: ModuleType, attrs: Attrs) -> Kernel:
     return Bindable(matmul_bias, bind, takes_constant=True)
 
 
+def _leading_broadcast(
+    shape: tuple[int, ...], full: tuple[int, ...], width: int
+) -> bool:
+    """Whether an operand of ``shape`` broadcasts to ``full`` along leading
+    axes alone, whole rows of ``width`` (a position embedding beside a
+    batch's token embeddings): its rows, cycled, are ``full``'s."""
+    if len(shape) > len(full) or not width:
+        return False
+    padded = (1,) * (len(full) - len(shape)) + tuple(shape)
+    lead = next((i for i, n in enumerate(padded) if n != 1), len(padded))
+    size = math.prod(padded)
+    return padded[lead:] == full[lead:] and size >= width and size % width == 0
+
+
 def _add_layer_norm_flops(
     ins: Sequence[TensorSpec], outs: Sequence[TensorSpec]
 ) -> float:
@@ -279,8 +293,11 @@ def _add_layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
         shift = rest[0] if has_bias else None
         width = math.prod(out.shape[axis % out.ndim :]) if out.ndim else 1
         sums = (total,) if keeps_sum else ()
+        if x.shape != out.shape:  # (the add commutes, bit for bit)
+            x, r = r, x
         if (
-            x.shape == r.shape == out.shape
+            x.shape == out.shape
+            and _leading_broadcast(r.shape, out.shape, width)
             and out.size
             and scale.shape == out.shape[axis % out.ndim :]
             and (shift is None or shift.shape == scale.shape)
@@ -290,7 +307,7 @@ def _add_layer_norm(xp: ModuleType, attrs: Attrs) -> Kernel:
             offset = np.zeros(width, np.float32) if shift is None else shift
             arrays = (
                 x.reshape(rows, width),
-                r.reshape(rows, width),
+                r.reshape(-1, width),
                 scale.reshape(width),
                 offset.reshape(width),
                 out.reshape(rows, width),

@@ -169,7 +169,9 @@ def _unfused_layer_norm(
         ((2, 5, 384), (2, 5, 384)),  # whole lanes of eight
         ((3, 13), (3, 13)),  # a tail after the lanes
         ((4, 5), (4, 5)),  # only a tail
-        ((2, 4, 12), (1, 4, 12)),  # broadcast residual: the numpy path
+        ((2, 4, 12), (1, 4, 12)),  # a residual broadcast over the batch: cycled
+        ((1, 4, 12), (2, 4, 12)),  # the other operand broadcast (the add commutes)
+        ((2, 4, 12), (2, 1, 12)),  # broadcast inside the rows: the numpy path
     ],
 )
 def test_add_layer_norm_equals_add_then_layer_norm(
@@ -193,7 +195,8 @@ def test_add_layer_norm_equals_add_then_layer_norm(
     _run(kernel, bound, x, r, scale, *(() if bias is None else (bias,)), *outputs)
     if keeps_sum:
         np.testing.assert_array_equal(total, np.add(x, r))
-    takes_loop = compiled and x_shape == r_shape
+    # (the loop where only the first axis broadcasts: whole rows cycle)
+    takes_loop = compiled and x_shape[1:] == r_shape[1:]
     if takes_loop:
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
     else:
