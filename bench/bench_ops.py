@@ -255,20 +255,24 @@ def _conv_case(
     w = _rand(m, c // group, k, k, low=-0.2, high=0.2)
     b = _rand(m)
     out = np.empty((n, m, out_hw, out_hw), F32)
-    attrs = {
-        "kernel_shape": [k, k],
-        "strides": [stride, stride],
-        "dilations": [1, 1],
-        "pads": [pad] * 4,
-        "auto_pad": "NOTSET",
-        "group": group,
-        "bias": True,
-    }
+    attrs = {**_square_window(k, stride, pad), "group": group, "bias": True}
     flops = 2.0 * out.size * (c // group) * k * k
     name = f"conv {note} n{n} {c}->{m} {hw}x{hw} k{k} s{stride} g{group}"
     return Case(
         name, "conv", attrs, [x, w, b], [out], flops, constant=frozenset({1, 2})
     )
+
+
+def _square_window(k: int, stride: int, pad: int) -> dict[str, Any]:
+    """A ``k x k`` window's attributes (convolutions, pools): the stride and
+    pad on every side, undilated, explicit pads."""
+    return {
+        "kernel_shape": [k, k],
+        "strides": [stride, stride],
+        "dilations": [1, 1],
+        "pads": [pad] * 4,
+        "auto_pad": "NOTSET",
+    }
 
 
 def _pointwise_depthwise_case(
@@ -287,10 +291,7 @@ def _pointwise_depthwise_case(
     ]
     out = np.empty((n, m, out_hw, out_hw), F32)
     attrs = {
-        "kernel_shape": [k, k],
-        "strides": [stride, stride],
-        "dilations": [1, 1],
-        "pads": [pad] * 4,
+        **_square_window(k, stride, pad),
         "pointwise_activation": "hard_swish",
         "activation": "hard_swish",
     }
@@ -329,13 +330,7 @@ def configured_cases() -> list[Case]:
     ]
     for n, c, hw in ((1, 64, 112), (16, 64, 56)):
         x = _rand(n, c, hw, hw)
-        geometry = {
-            "kernel_shape": [3, 3],
-            "strides": [2, 2],
-            "dilations": [1, 1],
-            "pads": [1, 1, 1, 1],
-            "auto_pad": "NOTSET",
-        }
+        geometry = _square_window(3, 2, 1)
         out = np.empty((n, c, hw // 2, hw // 2), F32)
         cases.append(
             Case(
