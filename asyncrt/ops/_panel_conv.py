@@ -457,24 +457,28 @@ def _rows_contiguous(a: Array) -> bool:
     )
 
 
+#: The epilogue's flag of each activation.
+_ACTIVATION_FLAGS = {"none": 0, "relu": RELU_FLAG, "hard_swish": HARD_SWISH_FLAG}
+
+
 def bind(
     w: Array,
     x: Array,
     out: Array,
     *,
     bias: Array | None = None,
-    relu: bool = False,
-    hard_swish: bool = False,
+    activation: str = "none",
     scale: Array | None = None,
     residual: Array | None = None,
 ) -> Callable[[], None]:
     """``out[n] = w @ x[n]`` (a stack of weights: ``w[n] @ x[n]``) for
     every image ``n`` (:func:`takes` holds; ``w``'s values fixed for the
     binding's life: packed now), ``+ bias``
-    per channel then ReLU as blocks are stored, as a call without
-    arguments.
+    per channel then the activation as blocks are stored, as a call
+    without arguments.
 
     :param bias: ``(K,)`` float32, C-contiguous, read each call.
+    :param activation: ``"none"``, ``"relu"`` or ``"hard_swish"``.
     :param scale: ``(N, D)`` float32, C-contiguous, read each call: ``x[n]``'s
         row ``d`` times ``scale[n, d]`` (rounded) before the product (a
         squeeze-excitation's gates).
@@ -490,8 +494,7 @@ def bind(
         x,
         out,
         bias=bias,
-        relu=relu,
-        hard_swish=hard_swish,
+        activation=activation,
         scale=scale,
         residual=residual,
     )
@@ -504,8 +507,7 @@ def bind_packed(
     out: Array,
     *,
     bias: Array | None = None,
-    relu: bool = False,
-    hard_swish: bool = False,
+    activation: str = "none",
     scale: Array | None = None,
     residual: Array | None = None,
 ) -> Callable[[], None]:
@@ -526,8 +528,9 @@ def bind_packed(
     images, depth, width = x.shape
     blocks = packed.shape[-3]
     shift = _NO_BIAS if bias is None else bias
-    flags = (0 if bias is None else BIAS_FLAG) | (RELU_FLAG if relu else 0)
-    flags |= HARD_SWISH_FLAG if hard_swish else 0
+    if activation not in _ACTIVATION_FLAGS:
+        raise ValueError(f"unknown activation {activation!r}")
+    flags = (0 if bias is None else BIAS_FLAG) | _ACTIVATION_FLAGS[activation]
     flags |= 0 if residual is None else RESIDUAL_FLAG
     x_steps, out_steps = (s // 4 for s in x.strides), (s // 4 for s in out.strides)
     x_image, x_row, _ = x_steps

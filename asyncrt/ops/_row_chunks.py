@@ -341,8 +341,7 @@ def bind_row_chunks(
                 matrix[None],
                 into[None],
                 bias=bias,
-                relu=activation == "relu",
-                hard_swish=activation == "hard_swish",
+                activation=activation,
             )
         finished[0] = False
         return functools.partial(matmul, weights, matrix, out=into)

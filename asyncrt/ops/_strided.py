@@ -194,8 +194,7 @@ def bind_strided(
                 weights[0],
                 *flat,
                 bias=bias,
-                relu=activation == "relu",
-                hard_swish=activation == "hard_swish",
+                activation=activation,
             )
 
             def packed() -> None:

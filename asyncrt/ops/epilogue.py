@@ -803,8 +803,7 @@ def _fused_pointwise(xp: ModuleType, attrs: Attrs) -> Kernel:
                     matrix,
                     result,
                     bias=b,
-                    relu=activation == "relu",
-                    hard_swish=activation == "hard_swish",
+                    activation=activation,
                     scale=None if gates is None else gates.reshape(images, channels),
                     residual=None if added is None else added.reshape(result.shape),
                 )

@@ -317,8 +317,7 @@ def _conv(xp: ModuleType, attrs: Attrs) -> Kernel:
             matrix,
             product,
             bias=bias,
-            relu=activation == "relu",
-            hard_swish=activation == "hard_swish",
+            activation=activation,
         )
 
     # What Winograd's exact path computes before the activation it leaves

@@ -65,10 +65,11 @@ def test_scaled_rows_give_the_bits_of_the_scaled_input(
     w, x, bias = _f(20, depth), _f(2, depth, positions), _f(20)
     scale = _f(2, depth)
     out = np.full((2, 20, positions), np.nan, np.float32)
-    call = _panel_conv.bind(w, x, out, bias=bias, hard_swish=True, scale=scale)
+    call = _panel_conv.bind(w, x, out, bias=bias, activation="hard_swish", scale=scale)
     for _ in range(2):
         want = np.empty_like(out)
-        _panel_conv.bind(w, x * scale[:, :, None], want, bias=bias, hard_swish=True)()
+        scaled = x * scale[:, :, None]
+        _panel_conv.bind(w, scaled, want, bias=bias, activation="hard_swish")()
         call()
         np.testing.assert_array_equal(out, want)
         scale[...] = _f(2, depth)  # new gates: read anew
@@ -102,8 +103,7 @@ def test_a_residual_is_added_before_the_activation_as_the_add_would(
         x,
         out,
         bias=bias,
-        relu=activation == "relu",
-        hard_swish=activation == "hard_swish",
+        activation=activation,
         residual=residual,
     )
     for _ in range(2):
@@ -203,13 +203,13 @@ def test_depth_chunks_continue_each_sum(
     monkeypatch.setattr(_panel_conv, "MIN_PARALLEL_WORK", 0)
     w, x, bias = _f(20, 37), _f(2, 37, positions), _f(20)
     whole = np.empty((2, 20, positions), np.float32)
-    _panel_conv.bind(w, x, whole, bias=bias, relu=True)()  # depth 37: whole
+    _panel_conv.bind(w, x, whole, bias=bias, activation="relu")()  # depth 37: whole
     monkeypatch.setattr(_panel_conv, "CHUNKED_DEPTH", 16)
     monkeypatch.setattr(_panel_conv, "DEPTH_CHUNK", 5)
     _panel_conv._kernel_address.cache_clear()
     try:
         chunked = np.full((2, 20, positions), np.nan, np.float32)
-        call = _panel_conv.bind(w, x, chunked, bias=bias, relu=True)
+        call = _panel_conv.bind(w, x, chunked, bias=bias, activation="relu")
         call()
         call()  # (the partial sums start again on every call)
     finally:
@@ -247,8 +247,7 @@ def test_the_epilogue_gives_the_passes_bits(
         x,
         out,
         bias=shift if bias else None,
-        relu=activation == "relu",
-        hard_swish=activation == "hard_swish",
+        activation=activation,
     )()
     np.testing.assert_array_equal(out, want)
     assert np.isnan(out[1, :, positions // 2]).all()
