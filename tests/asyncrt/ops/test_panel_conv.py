@@ -459,3 +459,10 @@ def test_convolutions_of_parameters_multiply_by_packed_weights(
         (y,) = executor.run_sync(x=x)
         want = conv_reference(x, new_w, b, 1, [stride] * 2, [pads] * 4, [1, 1])
         _close(y.numpy(), want)
+
+
+def test_an_unknown_activation_is_refused() -> None:
+    w, x = _f(8, 4), _f(1, 4, 32)
+    out = np.empty((1, 8, 32), np.float32)
+    with pytest.raises(ValueError, match="gelu"):
+        _panel_conv.bind(w, x, out, activation="gelu")
