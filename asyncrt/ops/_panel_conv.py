@@ -12,8 +12,10 @@ a constant right operand; here ``W`` is packed into blocks of
 32 positions of the result in sixteen vector registers: per ``d``, two
 vector loads of ``X``'s row and each channel's weight broadcast into two
 fused multiply-adds. Positions left over take blocks of 16 and 8, the
-last few a block of 8 ending at the run's end; channels past ``K`` (the
-last block's zero padding) are not stored. The bias (one per channel) and
+last few a block of 8 ending at the run's end, or, where one or four are
+left after a block of 16 (7 x 7 and 14 x 14 planes), are summed beside
+it in the same pass, a vector of its 8 channels each; channels past
+``K`` (the last block's zero padding) are not stored. The bias (one per channel) and
 ReLU are added as blocks are stored
 (:data:`asyncrt.ops._panel_gemm.COMMON_SOURCE`'s epilogue).
 
@@ -120,21 +122,23 @@ def _conv_intrinsic(emit, chunked=False):
     return intrinsic(block_)
 
 
-def _block(vectors, lanes):
+def _block(vectors, lanes, columns=0):
     # an intrinsic block_(w, x, out, bias, scale, kb, c0, flags): out[8 kb :
     # 8 kb + ROWS, c0 : c0 + vectors * lanes] = w[kb] (D, ROWS) transposed
     # @ x[:, c0 : ...] (its rows scaled where SCALED), finished (_finish);
-    # channels past out's rows are not stored
-    return _conv_intrinsic(functools.partial(_emit_block, vectors, lanes, False))
+    # channels past out's rows are not stored; columns: as _chunk's
+    emit = functools.partial(_emit_block, vectors, lanes, False, columns=columns)
+    return _conv_intrinsic(emit)
 
 
-def _chunk(vectors, lanes):
+def _chunk(vectors, lanes, columns=0):
     # an intrinsic chunk_(w, x, out, bias, scale, kb, c0, flags, d0, d1):
     # block_'s sums over d0:d1 only, added to out's where d0 > 0 (the sums
     # of 0:d0, stored unfinished), finished where d1 is the depth; lanes 0:
-    # the lone position's column
+    # the lone position's column; columns: that many positions after the
+    # vectors' summed beside them, each the block's channels in a vector
     if lanes:
-        emit = functools.partial(_emit_block, vectors, lanes, True)
+        emit = functools.partial(_emit_block, vectors, lanes, True, columns=columns)
     else:
         emit = functools.partial(_emit_column, chunked=True)
     return _conv_intrinsic(emit, chunked=True)
@@ -151,7 +155,9 @@ def _scaled(b, e, value, scale_, d):
     return b.fmul(value, factor)
 
 
-def _emit_block(vectors, lanes, chunked, context, builder, signature, args):
+def _emit_block(
+    vectors, lanes, chunked, context, builder, signature, args, columns=0
+):
     b = builder
     e = _Emit(context, builder, lanes)
     w_, x_, out_, bias_, scale_, res_ = e.arrays(signature, args, 6)
@@ -164,6 +170,10 @@ def _emit_block(vectors, lanes, chunked, context, builder, signature, args):
         [cgutils.alloca_once_value(b, e.splat(0.0)) for _ in range(vectors)]
         for _ in range(ROWS)
     ]
+    # the lone columns after the vectors: a vector of the block's channels
+    # each, one multiply-add a row (a pass of their own per column cost
+    # ResNet-18's 7 x 7 layers, 48 positions and one, 11 % more time)
+    lone = _LoneColumns(context, b, columns, c0, vectors * lanes) if columns else None
     if chunked:  # the sums so far, where this is not the first chunk
         channels, out_width = cgutils.unpack_tuple(b, out_.shape, 2)
         with b.if_then(b.icmp_signed("!=", d0, e.const(0))):
@@ -174,6 +184,8 @@ def _emit_block(vectors, lanes, chunked, context, builder, signature, args):
                     for v in range(vectors):
                         cell = b.add(start, e.const(v * lanes))
                         b.store(e.load(out_, cell), sums[r][v])
+            if lone is not None:
+                lone.resume(out_, kb)
     block = b.mul(b.mul(kb, depth), e.const(ROWS))
     # by chunks, the next block's rows d0:d1 lie a block's weights further
     # on, where the hardware's stream prefetch does not look: fetched ahead
@@ -194,11 +206,91 @@ def _emit_block(vectors, lanes, chunked, context, builder, signature, args):
             for v in range(vectors):
                 slot = sums[r][v]
                 b.store(b.call(fma, [weight, xs[v], b.load(slot)]), slot)
+        if lone is not None:
+            lone.add_row(w_, x_, scale_, at, row, d)
     rows = lambda r: [b.load(slot) for slot in sums[r]]  # noqa: E731
     if chunked:  # unfinished (no bias, no activation) before the last chunk
         flags = b.select(b.icmp_signed("==", d1, depth), flags, e.const(0))
     _store_rows(b, e, (out_, bias_, res_), (kb, c0, flags), rows)
+    if lone is not None:
+        lone.store(out_, bias_, res_, kb, flags)
     return None
+
+
+class _LoneColumns:
+    # columns positions c0 + first ...: the block's ROWS channels of each
+    # summed in one vector (the packed weights of a row d are contiguous),
+    # x[d, c] broadcast; finished as vectors of channels
+    def __init__(self, context, builder, columns, c0, first):
+        self.b = b = builder
+        self.one = _Emit(context, builder, 1)
+        self.across = _Emit(context, builder, ROWS)
+        self.vector = self.across.vector
+        self.fma = _fma(b, self.vector)
+        self.zero = ir.Constant(self.vector, [ir.Constant(ir.FloatType(), 0.0)] * ROWS)
+        self.sums = [cgutils.alloca_once_value(b, self.zero) for _ in range(columns)]
+        self.offsets = [first + t for t in range(columns)]
+        self.cells = [b.add(c0, self.one.const(o)) for o in self.offsets]
+
+    def resume(self, out_, kb):
+        # the sums so far from out (a chunk past the first)
+        b = self.b
+        channels, width = cgutils.unpack_tuple(b, out_.shape, 2)
+        rows = _block_channels(b, self.one, kb, channels)
+        for slot, cell in zip(self.sums, self.cells):
+            cell_of = lambda c, cell=cell: b.add(b.mul(c, width), cell)  # noqa: E731
+            b.store(_gather(b, self.one, self.zero, out_, rows, cell_of), slot)
+
+    def add_row(self, w_, x_, scale_, at, row, d):
+        # row d's term of every column (at: the block's weights of d; row:
+        # x's cell of d at c0)
+        b = self.b
+        pointer = b.bitcast(b.gep(w_.data, [at]), self.vector.as_pointer())
+        weights = b.load(pointer, align=4)
+        for slot, offset in zip(self.sums, self.offsets):
+            x = b.load(b.gep(x_.data, [b.add(row, self.one.const(offset))]))
+            x = _scaled(b, self.one, x, scale_, d)
+            total = b.call(self.fma, [weights, self.across.spread(x), b.load(slot)])
+            b.store(total, slot)
+
+    def store(self, out_, bias_, res_, kb, flags):
+        # each column finished (_finish, lanes the channels) and stored
+        b, one, i32 = self.b, self.one, ir.IntType(32)
+        channels, width = cgutils.unpack_tuple(b, out_.shape, 2)
+        res_width = cgutils.unpack_tuple(b, res_.shape, 2)[1]
+        rows = _block_channels(b, one, kb, channels)
+        (biases,) = cgutils.unpack_tuple(b, bias_.shape, 1)
+        bias_rows = _block_channels(b, one, kb, biases)
+        gather = functools.partial(_gather, b, one, self.zero)
+        shift_of = lambda: gather(bias_, bias_rows, lambda c: c)  # noqa: E731
+        for slot, cell in zip(self.sums, self.cells):
+            at = lambda c, cell=cell: b.add(b.mul(c, res_width), cell)  # noqa: E731
+            residual_of = lambda at=at: gather(res_, rows, at)  # noqa: E731
+            value = _finish(b, self.across, b.load(slot), shift_of, flags, residual_of)
+            for r, (channel, inside) in enumerate(rows):
+                with b.if_then(inside, likely=True):
+                    lane = b.extract_element(value, ir.Constant(i32, r))
+                    cell_at = b.add(b.mul(channel, width), cell)
+                    b.store(lane, b.gep(out_.data, [cell_at]))
+
+
+def _block_channels(b, e, kb, limit):
+    # (channel, whether it is below limit) for each of block kb's rows
+    first = b.mul(kb, e.const(ROWS))
+    channels = [b.add(first, e.const(r)) for r in range(ROWS)]
+    return [(c, b.icmp_signed("<", c, limit)) for c in channels]
+
+
+def _gather(b, e, zero, array, channels, cell_of):
+    # a vector (zero's type) of array[cell_of(channel)] for the channels,
+    # 0 where a channel is outside
+    gathered = zero
+    for r, (channel, inside) in enumerate(channels):
+        safe = b.select(inside, channel, e.const(0))
+        value = b.load(b.gep(array.data, [cell_of(safe)]))
+        value = b.select(inside, value, ir.Constant(ir.FloatType(), 0.0))
+        gathered = b.insert_element(gathered, value, ir.Constant(ir.IntType(32), r))
+    return gathered
 
 
 def _store_rows(b, e, arrays, at, rows):
@@ -248,16 +340,9 @@ def _emit_column(context, builder, signature, args, chunked=False):
     if chunked:  # the sums so far (in the first partial sum), past chunk one
         channels, out_width = cgutils.unpack_tuple(b, out_.shape, 2)
         with b.if_then(b.icmp_signed("!=", d0, e.const(0))):
-            sofar = zero
-            for r in range(ROWS):
-                channel = b.add(b.mul(kb, e.const(ROWS)), e.const(r))
-                inside = b.icmp_signed("<", channel, channels)
-                safe = b.select(inside, channel, e.const(0))
-                at = b.add(b.mul(safe, out_width), c0)
-                value = b.load(b.gep(out_.data, [at]))
-                value = b.select(inside, value, ir.Constant(ir.FloatType(), 0.0))
-                sofar = b.insert_element(sofar, value, ir.Constant(ir.IntType(32), r))
-            b.store(sofar, sums[0])
+            rows = _block_channels(b, e, kb, channels)
+            cell_of = lambda c: b.add(b.mul(c, out_width), c0)  # noqa: E731
+            b.store(_gather(b, e, zero, out_, rows, cell_of), sums[0])
 
     def add_term(d, slot):
         x = b.load(b.gep(x_.data, [b.add(b.mul(d, width), c0)]))
@@ -293,13 +378,19 @@ def _emit_column(context, builder, signature, args, chunked=False):
 
 # 32 positions a block; those left, 16 then 8 at once, the last few by a
 # block of 8 that ends at the run's end (its first cells computed again,
-# alike: a 7 x 7 plane's 49 positions take 56 lanes of work), one at a
-# time in runs narrower than 8
+# alike), one at a time in runs narrower than 8; one left after 16 (a
+# 7 x 7 plane's 49 positions, 56 lanes of work that way) beside it
 block_wide_, block_16_ = _block(2, 16), _block(1, 16)
 block_8_ = _block(1, 8)
 block_1_ = _conv_intrinsic(_emit_column)
+block_17_ = _block(1, 16, 1)  # (see chunk_17_)
 chunk_wide_, chunk_16_, chunk_8_ = _chunk(2, 16), _chunk(1, 16), _chunk(1, 8)
 chunk_1_ = _chunk(1, 0)
+# a block of 16 and lone columns after it, in one pass over the rows: a
+# 7 x 7 plane's 49 positions are 32 + 16 and 1, a 14 x 14 plane's 196 are
+# 5 x 32 + 16 + 16 and 4 (a pass of their own cost each such column as
+# much as 8-10 % of the product: 7 x 7 x 512 -> 512, 1.30 -> 1.21 ms)
+chunk_17_, chunk_20_ = _chunk(1, 16, 1), _chunk(1, 16, 4)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
@@ -316,6 +407,9 @@ def conv_gemm(w, x, out, bias, scale, res, flags, kb_first, kb_last, first, last
         while c + 32 <= last:
             block_wide_(w, x, out, bias, scale, res, kb, c, flags)
             c += 32
+        if c + 17 == last:
+            block_17_(w, x, out, bias, scale, res, kb, c, flags)
+            c = last
         if c + 16 <= last:
             block_16_(w, x, out, bias, scale, res, kb, c, flags)
             c += 16
@@ -339,9 +433,20 @@ def conv_chunks(w, x, out, bias, scale, res, flags, kb_first, kb_last, first, la
         d1 = min(depth, d0 + DEPTH_CHUNK)
         for kb in range(kb_first, kb_last):
             c = first
-            while c + 32 <= last:
+            # (4 past the blocks of 32: the last one goes as 16 and 16)
+            wide_end = last - 36 if (last - first) % 32 == 4 else last
+            while c + 32 <= wide_end:
                 chunk_wide_(w, x, out, bias, scale, res, kb, c, flags, d0, d1)
                 c += 32
+            if c + 36 == last:
+                chunk_16_(w, x, out, bias, scale, res, kb, c, flags, d0, d1)
+                c += 16
+            if c + 20 == last:
+                chunk_20_(w, x, out, bias, scale, res, kb, c, flags, d0, d1)
+                c = last
+            elif c + 17 == last:
+                chunk_17_(w, x, out, bias, scale, res, kb, c, flags, d0, d1)
+                c = last
             if c + 16 <= last:
                 chunk_16_(w, x, out, bias, scale, res, kb, c, flags, d0, d1)
                 c += 16

@@ -53,7 +53,7 @@ def _close(out: Any, want: Any) -> None:
 @pytest.mark.parametrize("mode", ["one thread", "two threads", "crowded"])
 @pytest.mark.parametrize(
     ("depth", "positions"),
-    [(37, 70), (37, 5), (1100, 33)],  # (the last chunked)
+    [(37, 70), (37, 5), (37, 49), (1100, 33), (1100, 36)],  # (as the residual's)
 )
 def test_scaled_rows_give_the_bits_of_the_scaled_input(
     monkeypatch: pytest.MonkeyPatch, mode: str, depth: int, positions: int
@@ -81,7 +81,9 @@ def test_scaled_rows_give_the_bits_of_the_scaled_input(
 @pytest.mark.parametrize("activation", ["none", "relu", "hard_swish"])
 @pytest.mark.parametrize(
     ("depth", "positions"),
-    [(37, 70), (37, 5), (1100, 33)],  # (the last chunked)
+    # 32 + 32 + 8; lone ones; 16 with one beside it; chunked: 16 + 16 with
+    # 1 beside it, 16 + 16 with 4 beside it
+    [(37, 70), (37, 5), (37, 49), (1100, 33), (1100, 36)],
 )
 def test_a_residual_is_added_before_the_activation_as_the_add_would(
     monkeypatch: pytest.MonkeyPatch,
@@ -125,7 +127,7 @@ def test_a_residual_is_added_before_the_activation_as_the_add_would(
     [
         (1, 1, 1, 1),
         (2, 13, 7, 17),  # a cut block of channels, 16 + 1 positions
-        (1, 96, 72, 49),  # 7 x 7: 32 + 16 + a block of 16 ending at 49
+        (1, 96, 72, 49),  # 7 x 7: 32 + 16 with one beside it
         (3, 40, 24, 196),
         (1, 16, 16, 15),  # narrower than a vector: one at a time
         (1, 24, 9, 200),
@@ -192,13 +194,24 @@ def test_chunks_of_wider_rows(monkeypatch: pytest.MonkeyPatch, threads: int) -> 
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("positions", [57, 5])  # 32 + 16 + 8 + a lone one; lone
+@pytest.mark.parametrize(
+    ("positions", "blocks"),
+    [
+        (57, 56),  # 32 + 16 + 8 + a lone one
+        (5, 0),  # lone ones
+        (49, 49),  # 32 + 16 with one beside it
+        (100, 100),  # 32 + 32 + 16 + 16 with 4 beside it
+        (36, 36),  # 16 + 16 with 4 beside it
+        (23, 16),  # 16 + 7 lone ones
+    ],
+)
 def test_depth_chunks_continue_each_sum(
-    monkeypatch: pytest.MonkeyPatch, threads: int, positions: int
+    monkeypatch: pytest.MonkeyPatch, threads: int, positions: int, blocks: int
 ) -> None:
     # the partial sums kept in out between chunks, the bias and activation
-    # applied after the last one: a block's cells are the unchunked bits, a
-    # lone position's column adds its partial sums in another order
+    # applied after the last one: the cells of a block (and of the columns
+    # summed beside one) are the unchunked bits, a lone position's column
+    # adds its partial sums in another order
     monkeypatch.setattr(_threads.limits, "threads", threads)
     monkeypatch.setattr(_panel_conv, "MIN_PARALLEL_WORK", 0)
     w, x, bias = _f(20, 37), _f(2, 37, positions), _f(20)
@@ -215,11 +228,11 @@ def test_depth_chunks_continue_each_sum(
     finally:
         _panel_conv._kernel_address.cache_clear()
     _close(chunked, _want(w, x, bias, relu=True))
-    blocks = positions - positions % 8 if positions >= 8 else 0
     np.testing.assert_array_equal(chunked[..., :blocks], whole[..., :blocks])
 
 
-@pytest.mark.parametrize("positions", [70, 1])  # blocks of vectors; lone columns
+# blocks of vectors; lone columns; 32 + 16 with one beside it
+@pytest.mark.parametrize("positions", [70, 1, 49])
 @pytest.mark.parametrize(
     ("bias", "activation"),
     [
@@ -234,7 +247,7 @@ def test_the_epilogue_gives_the_passes_bits(
     bias: bool, activation: str, positions: int
 ) -> None:
     w, x = _f(20, 30), _f(2, 30, positions) * 4  # past hard-swish's clamps too
-    x[1, :, positions // 2] = np.nan  # a position of NaN, kept by both
+    x[1, :, [positions // 2, positions - 1]] = np.nan  # NaN positions, kept by both
     shift = _f(20)
     product = np.empty((2, 20, positions), np.float32)
     _panel_conv.bind(w, x, product)()
@@ -250,7 +263,7 @@ def test_the_epilogue_gives_the_passes_bits(
         activation=activation,
     )()
     np.testing.assert_array_equal(out, want)
-    assert np.isnan(out[1, :, positions // 2]).all()
+    assert np.isnan(out[1, :, [positions // 2, positions - 1]]).all()
     assert (np.signbit(out) == np.signbit(want)).all()
 
 
