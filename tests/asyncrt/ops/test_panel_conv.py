@@ -231,6 +231,34 @@ def test_depth_chunks_continue_each_sum(
     np.testing.assert_array_equal(chunked[..., :blocks], whole[..., :blocks])
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_every_width_of_a_run_is_summed_once(
+    monkeypatch: pytest.MonkeyPatch, chunked: bool
+) -> None:
+    """Runs of 1 to 104 positions inside wider rows (every mix of blocks of
+    32, 16 and 8, lone columns beside a block or on their own), unchunked
+    and by chunks of depth: each cell is the float64 product's, a chunk's
+    sums added once, and no cell outside the run is written."""
+    monkeypatch.setattr(_threads.limits, "threads", 1)
+    if chunked:
+        monkeypatch.setattr(_panel_conv, "CHUNKED_DEPTH", 16)
+        monkeypatch.setattr(_panel_conv, "DEPTH_CHUNK", 5)
+    _panel_conv._kernel_address.cache_clear()
+    try:
+        w, bias = _f(12, 37), _f(12)
+        cols = _f(37, 120)
+        for width in range(1, 105):
+            planes = np.full((12, 120), np.nan, np.float32)
+            x, out = cols[None, :, 3 : 3 + width], planes[None, :, 5 : 5 + width]
+            _panel_conv.bind(w, x, out, bias=bias)()
+            _close(out, _want(w, x, bias))
+            assert (
+                np.isnan(planes[:, :5]).all() and np.isnan(planes[:, 5 + width :]).all()
+            )
+    finally:
+        _panel_conv._kernel_address.cache_clear()
+
+
 # blocks of vectors; lone columns; 32 + 16 with one beside it
 @pytest.mark.parametrize("positions", [70, 1, 49])
 @pytest.mark.parametrize(
