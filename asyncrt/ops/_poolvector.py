@@ -11,6 +11,13 @@ stride 2 two loads and a shuffle that keeps every other lane; rows
 outside the input count as -inf (a select, no branch). Columns whose
 windows reach past the row's ends (the pads) take a scalar loop.
 
+Maxima of rows of a vector or more take two steps instead: each output
+row's window rows folded into one row of column maxima (a vector load of
+each input row per vector of columns), its pads -inf, then that row's
+taps at the column stride: ``KH + KW`` loads per output vector where the
+windows take ``KH x KW`` (stride 2: twice as many). ResNet's 3 x 3
+stride-2 pooling of 64 planes of 112 x 112, two threads: 273 -> 118 us.
+
 Results: each window's maximum as ``np.maximum`` folds it: NaN if any
 input of the window is NaN; of equal zeros either sign may come out, as
 the folds' order decides. Or each window's sum, taps in row-major order
@@ -106,6 +113,88 @@ def pool_block_(typingctx, x, scale, out, plane, i, j0, top, left):
     return types.none(x, scale, out, intp, intp, intp, intp, intp), codegen
 
 
+@intrinsic
+def column_block_(typingctx, x, row, plane, r0, j0, left):
+    # row[left + j0 : left + j0 + LANES]: the maximum of x's rows r0 to
+    # r0 + KH - 1 (those outside x as -inf) at columns j0 ...
+    arrays = ((x, 3), (row, 1))
+    if not all(_is_float_array(a, ndim) for a, ndim in arrays):
+        return None
+
+    def codegen(context, builder, signature, args):
+        e = _Emit(context, builder, LANES)
+        source, target = e.arrays(signature, args, 2)
+        plane, r0, j0, left = args[2:]
+        _, height, width = cgutils.unpack_tuple(builder, source.shape, 3)
+        lowest = e.splat(float("-inf"))
+        best = lowest
+        for a in range(KH):
+            r = builder.add(r0, e.const(a))
+            inside = builder.and_(
+                builder.icmp_signed(">=", r, e.const(0)),
+                builder.icmp_signed("<", r, height),
+            )
+            safe = builder.select(inside, r, e.const(0))
+            at = e.index((e.index((plane, height), safe), width), j0)
+            v = builder.select(inside, e.load(source, at), lowest)
+            keep = builder.or_(
+                builder.fcmp_ordered(">=", best, v),
+                builder.fcmp_unordered("uno", best, best),
+            )
+            best = builder.select(keep, best, v)
+        e.store(best, target, builder.add(left, j0))
+        return context.get_dummy_value()
+
+    intp = types.intp
+    return types.none(x, row, intp, intp, intp, intp), codegen
+
+
+@intrinsic
+def row_block_(typingctx, row, out, plane, i, j0):
+    # out[plane, i, j0:j0 + LANES]: the maximum of KW cells of row at
+    # stride SW from j0 * SW (row: a window's column maxima, its pads
+    # -inf), as pool_block_'s taps of one row
+    arrays = ((row, 1), (out, 3))
+    if not all(_is_float_array(a, ndim) for a, ndim in arrays):
+        return None
+
+    def codegen(context, builder, signature, args):
+        e = _Emit(context, builder, LANES)
+        source, target = e.arrays(signature, args, 2)
+        plane, i, j0 = args[2:]
+        _, out_h, out_w = cgutils.unpack_tuple(builder, target.shape, 3)
+        masks = ir.VectorType(ir.IntType(32), LANES)
+        every_other = ir.Constant(
+            masks,
+            [2 * k if 2 * k < LANES else 2 * k + 1 for k in range(LANES)],
+        )
+        first_column = builder.mul(j0, e.const(SW))
+        best = None
+        for b in range(KW):
+            at = builder.add(first_column, e.const(b))
+            if SW == 1:
+                v = e.load(source, at)
+            else:
+                low = e.load(source, at)
+                high = e.load(source, builder.add(at, e.const(LANES - 1)))
+                v = builder.shuffle_vector(low, high, every_other)
+            if best is None:
+                best = v
+                continue
+            # np.maximum: best unless v is larger or NaN (best NaN stays)
+            keep = builder.or_(
+                builder.fcmp_ordered(">=", best, v),
+                builder.fcmp_unordered("uno", best, best),
+            )
+            best = builder.select(keep, best, v)
+        cell = e.index((e.index((plane, out_h), i), out_w), j0)
+        e.store(best, target, cell)
+        return context.get_dummy_value()
+
+    intp = types.intp
+    return types.none(row, out, intp, intp, intp), codegen
+
+
 @numba.njit(inline="always", error_model="numpy")
 def window_(x, scale, plane, i, j, top, left):
     # one output of pool_block_, in the same order
@@ -128,6 +217,9 @@ def window_(x, scale, plane, i, j, top, left):
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 def kernel(x, scale, out, first, last, top, left):
     # planes first:last of out (P, OH, OW) = pooling of x (P, H, W)
+    if REDUCE == "max" and SW <= 2 and out.shape[2] >= LANES:
+        separable_max(x, out, first, last, top, left)
+        return
     width = x.shape[2]
     out_h, out_w = out.shape[1], out.shape[2]
     # the vector blocks: their columns from j0 * SW - left >= 0 to
@@ -150,6 +242,42 @@ def kernel(x, scale, out, first, last, top, left):
             while j < out_w:
                 out[plane, i, j] = window_(x, scale, plane, i, j, top, left)
                 j += 1
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+def separable_max(x, out, first, last, top, left):
+    # kernel's maxima, a window's rows folded first (each input row's
+    # cells in turn, unit stride) into a row of column maxima whose pads
+    # are -inf, then that row's KW taps at the column stride: KH + KW
+    # vector loads per output vector where pool_block_ takes KH x KW (SW
+    # 2: twice over); the same maxima (folded in another order: of equal
+    # zeros either sign may come out, as with np.maximum's folds)
+    height, width = x.shape[1], x.shape[2]
+    out_h, out_w = out.shape[1], out.shape[2]
+    # the row reaches the last block's second load (LANES - 1 past its
+    # last tap's column), -inf past the input's columns
+    span = max(left + width, (out_w - 1) * SW + KW + (LANES - 1) * SW)
+    row = np.full(span, -np.inf, np.float32)
+    for plane in range(first, last):
+        for i in range(out_h):
+            r0 = i * SH - top
+            if width >= LANES:
+                j = 0
+                while j < width:
+                    j0 = min(j, width - LANES)
+                    column_block_(x, row, plane, r0, j0, left)
+                    j = j0 + LANES
+            else:
+                for j in range(width):
+                    best = _F(-np.inf)
+                    for r in range(max(r0, 0), min(r0 + KH, height)):
+                        best = max_(best, x[plane, r, j])
+                    row[left + j] = best
+            j = 0
+            while j < out_w:
+                j0 = min(j, out_w - LANES)
+                row_block_(row, out, plane, i, j0)
+                j = j0 + LANES
 """
 )
 
