@@ -15,8 +15,8 @@ fused multiply-adds. Positions left over take blocks of 16 and 8, the
 last few a block of 8 ending at the run's end, or, where one or four are
 left after a block of 16 (7 x 7 and 14 x 14 planes), are summed beside
 it in the same pass, a vector of its 8 channels each; channels past
-``K`` (the last block's zero padding) are not stored. The bias (one per channel) and
-ReLU are added as blocks are stored
+``K`` (the last block's zero padding) are not stored. The bias (one per
+channel) and ReLU are added as blocks are stored
 (:data:`asyncrt.ops._panel_gemm.COMMON_SOURCE`'s epilogue).
 
 BLAS packs ``W`` on every call and hands the product to its threads, which
