@@ -51,6 +51,39 @@ KH, KW, SH, SW, LANES = {geometry}
 REDUCE = "{reduce}"
 
 
+def _maximum(builder, best, v):
+    # np.maximum: best unless v is larger or NaN (best NaN stays)
+    keep = builder.or_(
+        builder.fcmp_ordered(">=", best, v),
+        builder.fcmp_unordered("uno", best, best),
+    )
+    return builder.select(keep, best, v)
+
+
+def _strided_load(builder, e, source, at):
+    # LANES cells of source from at, SW apart: at stride 2, every other
+    # lane of two loads (at and at + LANES - 1: the second ends on the
+    # last cell, never past it)
+    if SW == 1:
+        return e.load(source, at)
+    low = e.load(source, at)
+    high = e.load(source, builder.add(at, e.const(LANES - 1)))
+    masks = ir.VectorType(ir.IntType(32), LANES)
+    every_other = [2 * k if 2 * k < LANES else 2 * k + 1 for k in range(LANES)]
+    return builder.shuffle_vector(low, high, ir.Constant(masks, every_other))
+
+
+def _plane_row(builder, e, plane, row, height, width):
+    # (whether row lies inside the plane, the flat cell where it starts:
+    # row 0's where it does not)
+    inside = builder.and_(
+        builder.icmp_signed(">=", row, e.const(0)),
+        builder.icmp_signed("<", row, height),
+    )
+    safe = builder.select(inside, row, e.const(0))
+    return inside, e.index((e.index((plane, height), safe), width))
+
+
 @intrinsic
 def pool_block_(typingctx, x, scale, out, plane, i, j0, top, left):
     # out[plane, i, j0:j0 + LANES]: each window's maximum (its rows outside
@@ -68,41 +101,19 @@ def pool_block_(typingctx, x, scale, out, plane, i, j0, top, left):
         _, out_h, out_w = cgutils.unpack_tuple(builder, target.shape, 3)
         summing = REDUCE == "sum"
         lowest = e.splat(0.0 if summing else float("-inf"))
-        masks = ir.VectorType(ir.IntType(32), LANES)
-        # every other lane of low (at) and high (at + LANES - 1): the second
-        # load ends on the block's last column, never past it
-        every_other = ir.Constant(
-            masks,
-            [2 * k if 2 * k < LANES else 2 * k + 1 for k in range(LANES)],
-        )
         first_column = builder.sub(builder.mul(j0, e.const(SW)), left)
         best = lowest
         for a in range(KH):
             row = builder.sub(e.index((i, e.const(SH)), e.const(a)), top)
-            inside = builder.and_(
-                builder.icmp_signed(">=", row, e.const(0)),
-                builder.icmp_signed("<", row, height),
-            )
-            safe = builder.select(inside, row, e.const(0))
-            start = e.index((e.index((plane, height), safe), width), first_column)
+            inside, start = _plane_row(builder, e, plane, row, height, width)
+            start = builder.add(start, first_column)
             for b in range(KW):
-                at = builder.add(start, e.const(b))
-                if SW == 1:
-                    v = e.load(source, at)
-                else:
-                    low = e.load(source, at)
-                    high = e.load(source, builder.add(at, e.const(LANES - 1)))
-                    v = builder.shuffle_vector(low, high, every_other)
+                v = _strided_load(builder, e, source, builder.add(start, e.const(b)))
                 v = builder.select(inside, v, lowest)
                 if summing:
                     best = builder.fadd(best, v)
-                    continue
-                # np.maximum: best unless v is larger or NaN (best NaN stays)
-                keep = builder.or_(
-                    builder.fcmp_ordered(">=", best, v),
-                    builder.fcmp_unordered("uno", best, best),
-                )
-                best = builder.select(keep, best, v)
+                else:
+                    best = _maximum(builder, best, v)
         if summing:
             best = builder.fmul(best, e.load(factors, e.index((i, out_w), j0)))
         cell = e.index((e.index((plane, out_h), i), out_w), j0)
@@ -130,18 +141,9 @@ def column_block_(typingctx, x, row, plane, r0, j0, left):
         best = lowest
         for a in range(KH):
             r = builder.add(r0, e.const(a))
-            inside = builder.and_(
-                builder.icmp_signed(">=", r, e.const(0)),
-                builder.icmp_signed("<", r, height),
-            )
-            safe = builder.select(inside, r, e.const(0))
-            at = e.index((e.index((plane, height), safe), width), j0)
-            v = builder.select(inside, e.load(source, at), lowest)
-            keep = builder.or_(
-                builder.fcmp_ordered(">=", best, v),
-                builder.fcmp_unordered("uno", best, best),
-            )
-            best = builder.select(keep, best, v)
+            inside, start = _plane_row(builder, e, plane, r, height, width)
+            v = e.load(source, builder.add(start, j0))
+            best = _maximum(builder, best, builder.select(inside, v, lowest))
         e.store(best, target, builder.add(left, j0))
         return context.get_dummy_value()
 
@@ -163,30 +165,14 @@ def row_block_(typingctx, row, out, plane, i, j0):
         source, target = e.arrays(signature, args, 2)
         plane, i, j0 = args[2:]
         _, out_h, out_w = cgutils.unpack_tuple(builder, target.shape, 3)
-        masks = ir.VectorType(ir.IntType(32), LANES)
-        every_other = ir.Constant(
-            masks,
-            [2 * k if 2 * k < LANES else 2 * k + 1 for k in range(LANES)],
-        )
         first_column = builder.mul(j0, e.const(SW))
-        best = None
-        for b in range(KW):
-            at = builder.add(first_column, e.const(b))
-            if SW == 1:
-                v = e.load(source, at)
-            else:
-                low = e.load(source, at)
-                high = e.load(source, builder.add(at, e.const(LANES - 1)))
-                v = builder.shuffle_vector(low, high, every_other)
-            if best is None:
-                best = v
-                continue
-            # np.maximum: best unless v is larger or NaN (best NaN stays)
-            keep = builder.or_(
-                builder.fcmp_ordered(">=", best, v),
-                builder.fcmp_unordered("uno", best, best),
-            )
-            best = builder.select(keep, best, v)
+        taps = [
+            _strided_load(builder, e, source, builder.add(first_column, e.const(b)))
+            for b in range(KW)
+        ]
+        best = taps[0]
+        for v in taps[1:]:
+            best = _maximum(builder, best, v)
         cell = e.index((e.index((plane, out_h), i), out_w), j0)
         e.store(best, target, cell)
         return context.get_dummy_value()
