@@ -213,16 +213,15 @@ def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
     else:
         from asyncrt import graph_executor
         from asyncrt.frontend import from_onnx
+        from asyncrt.graph import SymbolicGraph
 
         graph, params = from_onnx(model)
         on_gpu = "-cuda" in runner
+        options: dict[str, Any] = {"fuse": True if "-fused" in runner else "auto"}
+        if runner.endswith("-t1"):
+            options["kernel_threads"] = 1
         ex = graph_executor.create(
-            graph,
-            None,
-            "cuda" if on_gpu else "cpu",
-            params=params,
-            fuse=True if "-fused" in runner else "auto",
-            **({"kernel_threads": 1} if runner.endswith("-t1") else {}),
+            graph, None, "cuda" if on_gpu else "cpu", params=params, **options
         )
 
         def fn() -> list[Any]:
@@ -263,6 +262,13 @@ def child(model_name: str, runner: str, a: argparse.Namespace) -> None:
     if a.profile and runner.startswith("asyncrt"):
         from bench_kernels import profile
 
+        if isinstance(graph, SymbolicGraph):  # (one core per signature: the
+            # feed's, imported with its shapes, has the same kernels)
+            shapes = {name: value.shape for name, value in feed.items()}
+            graph, params = from_onnx(model, shapes)
+            ex.close()
+            device = "cuda" if on_gpu else "cpu"
+            ex = graph_executor.create(graph, None, device, params=params, **options)
         res["profile"] = profile(ex, feed)
         res["launches"] = len(res["profile"])
     print(MARK + json.dumps(res), flush=True)
@@ -422,18 +428,34 @@ def rounds(
                     best[key] = r
 
 
+#: Kernels whose work is a product (a GEMM, a convolution, a pointwise
+#: convolution with the depthwise one reading it): named with one of these.
+PRODUCT_KERNELS = ("conv", "matmul", "gemm", "pointwise", "linear", "dense")
+
+
 def write_profile(r: dict[str, Any]) -> None:
     """``results/models-profile-<model>-<runner>.md``: kernel times, largest
-    first, against the run's median."""
+    first, against the run's median, and the share of the products
+    (:data:`PRODUCT_KERNELS`) against everything else."""
     rows = sorted(r["profile"], key=lambda x: -x["median_us"])
     total = sum(x["median_us"] for x in rows)
     run_us = 1e6 * r["median_s"]
+    products = sum(
+        x["median_us"]
+        for x in rows
+        if any(word in x["func"].split(".")[0] for word in PRODUCT_KERNELS)
+    )
     lines = [
         f"# {r['model']} / {r['runner']}: where the time goes",
         "",
         f"run median {run_us:.1f} us; kernels alone {total:.1f} us "
         f"({len(rows)} launches); the rest ({run_us - total:.1f} us) is "
         "per-run overhead (input/output copies, dispatch) and cache effects",
+        "",
+        f"products (GEMMs and convolutions: kernels named "
+        f"{', '.join(PRODUCT_KERNELS)}) {products:.1f} us, "
+        f"{products / max(total, 1e-9):.0%} of the kernels' time; everything "
+        f"else {total - products:.1f} us, {1 - products / max(total, 1e-9):.0%}",
         "",
         "| node | kernel | median us | share of kernels |",
         "|---|---|---|---|",
