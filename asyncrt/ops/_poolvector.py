@@ -203,7 +203,7 @@ def window_(x, scale, plane, i, j, top, left):
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 def kernel(x, scale, out, first, last, top, left):
     # planes first:last of out (P, OH, OW) = pooling of x (P, H, W)
-    if REDUCE == "max" and SW <= 2 and out.shape[2] >= LANES:
+    if REDUCE == "max" and SW <= 2 and min(x.shape[2], out.shape[2]) >= LANES:
         separable_max(x, out, first, last, top, left)
         return
     width = x.shape[2]
@@ -238,7 +238,7 @@ def separable_max(x, out, first, last, top, left):
     # vector loads per output vector where pool_block_ takes KH x KW (SW
     # 2: twice over); the same maxima (folded in another order: of equal
     # zeros either sign may come out, as with np.maximum's folds)
-    height, width = x.shape[1], x.shape[2]
+    width = x.shape[2]
     out_h, out_w = out.shape[1], out.shape[2]
     # the row reaches the last block's second load (LANES - 1 past its
     # last tap's column), -inf past the input's columns
@@ -247,18 +247,11 @@ def separable_max(x, out, first, last, top, left):
     for plane in range(first, last):
         for i in range(out_h):
             r0 = i * SH - top
-            if width >= LANES:
-                j = 0
-                while j < width:
-                    j0 = min(j, width - LANES)
-                    column_block_(x, row, plane, r0, j0, left)
-                    j = j0 + LANES
-            else:
-                for j in range(width):
-                    best = _F(-np.inf)
-                    for r in range(max(r0, 0), min(r0 + KH, height)):
-                        best = max_(best, x[plane, r, j])
-                    row[left + j] = best
+            j = 0
+            while j < width:  # (rows of a vector or more)
+                j0 = min(j, width - LANES)
+                column_block_(x, row, plane, r0, j0, left)
+                j = j0 + LANES
             j = 0
             while j < out_w:
                 j0 = min(j, out_w - LANES)
