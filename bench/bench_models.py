@@ -430,7 +430,7 @@ def rounds(
 
 #: Kernels whose work is a product (a GEMM, a convolution, a pointwise
 #: convolution with the depthwise one reading it): named with one of these.
-PRODUCT_KERNELS = ("conv", "matmul", "gemm", "pointwise", "linear", "dense")
+PRODUCT_KERNELS = ("conv", "matmul", "gemm", "pointwise", "dense")
 
 
 def write_profile(r: dict[str, Any]) -> None:

@@ -203,7 +203,7 @@ def window_(x, scale, plane, i, j, top, left):
 @numba.njit(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 def kernel(x, scale, out, first, last, top, left):
     # planes first:last of out (P, OH, OW) = pooling of x (P, H, W)
-    if REDUCE == "max" and SW <= 2 and min(x.shape[2], out.shape[2]) >= LANES:
+    if REDUCE == "max" and min(x.shape[2], out.shape[2]) >= LANES:
         separable_max(x, out, first, last, top, left)
         return
     width = x.shape[2]
